@@ -1,0 +1,93 @@
+# LokaDB build. `make deps` installs what is missing, `make` builds, `make check` tests.
+#   make SANITIZE=address,undefined check   -- the sanitizer build (objects kept apart)
+
+-include config.mk
+
+PREFIX ?= /usr/local
+CC ?= cc
+PYTHON ?= /usr/bin/python3
+SANITIZE ?=
+
+CFLAGS_BASE = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -O2 -g -Iinclude -Isrc
+ifneq ($(SANITIZE),)
+BUILD = build/san
+SANFLAGS = -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
+else
+BUILD = build/rel
+SANFLAGS =
+endif
+CFLAGS += $(CFLAGS_BASE) $(SANFLAGS) $(DEP_CFLAGS)
+LDFLAGS += $(SANFLAGS) -rdynamic
+
+CORE_SRCS = $(filter-out src/main.c,$(wildcard src/*.c))
+CORE_OBJS = $(patsubst src/%.c,$(BUILD)/src/%.o,$(CORE_SRCS))
+UNIT_SRCS = $(wildcard test/unit/test_*.c)
+UNIT_BINS = $(patsubst test/unit/%.c,$(BUILD)/unit/%,$(UNIT_SRCS))
+
+ifneq ($(SANITIZE),)
+BIN = $(BUILD)/lokadb
+else
+BIN = lokadb
+endif
+
+.PHONY: all deps check unit integration bench demo install clean fuzz docs
+
+all: config.mk $(BIN)
+
+config.mk:
+	./configure
+
+$(BIN): $(CORE_OBJS) $(BUILD)/src/main.o
+	$(CC) $(LDFLAGS) -o $@ $^ $(DEP_LIBS)
+
+$(BUILD)/src/%.o: src/%.c $(wildcard src/*.h include/lokadb/*.h) config.mk
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(BUILD)/unit/%: test/unit/%.c test/unit/unit.h $(CORE_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itest/unit -o $@ $< $(CORE_OBJS) $(LDFLAGS) $(DEP_LIBS)
+
+unit: $(UNIT_BINS)
+	@sh test/unit/run.sh $(UNIT_BINS)
+
+integration: all
+	cd test/integration && LOKADB_BIN=$(abspath $(BIN)) LOKADB_SANITIZE=$(SANITIZE) \
+		$(PYTHON) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+check: deps all unit fuzz-smoke integration
+
+# ---- fuzzing (clang + libFuzzer from libclang-rt-14-dev) ----
+FUZZ_SRCS = $(wildcard test/fuzz/fuzz_*.c)
+FUZZ_BINS = $(patsubst test/fuzz/%.c,build/fuzz/%,$(FUZZ_SRCS))
+FUZZ_CORE = $(filter-out src/main.c,$(wildcard src/*.c))
+build/fuzz/%: test/fuzz/%.c $(FUZZ_CORE) $(wildcard src/*.h)
+	@mkdir -p build/fuzz
+	clang -std=c11 -D_GNU_SOURCE -g -O1 -Iinclude -Isrc $(DEP_CFLAGS) \
+		-fsanitize=fuzzer,address,undefined -o $@ $< $(FUZZ_CORE) $(DEP_LIBS)
+fuzz: $(FUZZ_BINS)
+fuzz-smoke: $(FUZZ_BINS)
+	@for f in $(FUZZ_BINS); do echo "fuzz: $$f (20 s)"; \
+		$$f -max_total_time=20 -print_final_stats=0 test/fuzz/corpus/$$(basename $$f) >/dev/null 2>build/fuzz/$$(basename $$f).log \
+		|| { tail -40 build/fuzz/$$(basename $$f).log; exit 1; }; done
+
+bench: all
+	$(PYTHON) bench/run.py
+
+demo: deps all
+	sh etc/demo.sh
+
+docs: all
+	./$(BIN) --describe-config > doc/config.md
+
+deps:
+	@sh tools/deps.sh
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/doc/lokadb $(DESTDIR)$(PREFIX)/share/lokadb/etc
+	install -m 755 lokadb $(DESTDIR)$(PREFIX)/bin/lokadb
+	install -m 644 doc/*.md README.md $(DESTDIR)$(PREFIX)/share/doc/lokadb/
+	install -m 644 etc/*.ini etc/*.txt $(DESTDIR)$(PREFIX)/share/lokadb/etc/
+
+clean:
+	rm -rf build lokadb

@@ -1,0 +1,626 @@
+/* SPDX-License-Identifier: ISC */
+/*
+ * admin.c -- the console database `lokadb` (alias `pgbouncer`).
+ *
+ * admin_users may run every command; stats_users only SHOW. Commands come as
+ * simple Query messages, one command per message (a trailing ';' is fine),
+ * and are dispatched through two tables: show_views[] and commands[]. Result
+ * sets are all text columns, with PgBouncer's column names.
+ */
+#include "core.h"
+
+#include <ctype.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define MAX_ARGS 8
+
+struct admin_ctx {
+	struct client *c;
+	struct pktbuf *pb;
+	int nargs;
+	char *args[MAX_ARGS];
+};
+
+bool admin_is_dbname(const char *name)
+{
+	return strcmp(name, "lokadb") == 0 || strcmp(name, "pgbouncer") == 0;
+}
+
+/* ---- result helpers ---- */
+
+static void row_header(struct admin_ctx *a, int n, const char *const *cols)
+{
+	pkt_row_description(a->pb, n, cols);
+}
+
+static void finish(struct admin_ctx *a, const char *tag)
+{
+	pkt_command_complete(a->pb, tag);
+	pkt_ready(a->pb, 'I');
+	pkt_send(a->pb, bufferevent_get_output(a->c->bev));
+}
+
+static void fail(struct admin_ctx *a, const char *sqlstate, const char *msg)
+{
+	pkt_error(a->pb, "ERROR", sqlstate, msg, NULL);
+	pkt_ready(a->pb, 'I');
+	pkt_send(a->pb, bufferevent_get_output(a->c->bev));
+}
+
+static char *fmt_u64(char *buf, uint64_t v)
+{
+	snprintf(buf, 24, "%" PRIu64, v);
+	return buf;
+}
+
+static char *fmt_int(char *buf, long long v)
+{
+	snprintf(buf, 24, "%lld", v);
+	return buf;
+}
+
+static void fmt_time(char *buf, size_t len, usec_t wall)
+{
+	time_t t = (time_t)(wall / USEC);
+	struct tm tm;
+	gmtime_r(&t, &tm);
+	strftime(buf, len, "%Y-%m-%d %H:%M:%S UTC", &tm);
+}
+
+/* ---- SHOW views ---- */
+
+static void show_version(struct admin_ctx *a)
+{
+	static const char *const cols[] = { "version" };
+	const char *v[] = { "LokaDB " LOKADB_VERSION };
+	row_header(a, 1, cols);
+	pkt_data_row(a->pb, 1, v);
+	finish(a, "SHOW");
+}
+
+static void show_state(struct admin_ctx *a)
+{
+	static const char *const cols[] = { "key", "value" };
+	const char *r1[] = { "active", rt->paused ? "no" : "yes" };
+	const char *r2[] = { "paused", rt->paused ? "yes" : "no" };
+	const char *r3[] = { "suspended", "no" };
+	row_header(a, 2, cols);
+	pkt_data_row(a->pb, 2, r1);
+	pkt_data_row(a->pb, 2, r2);
+	pkt_data_row(a->pb, 2, r3);
+	finish(a, "SHOW");
+}
+
+static void show_config(struct admin_ctx *a)
+{
+	static const char *const cols[] = { "key", "value", "default", "changeable" };
+	char val[512];
+
+	row_header(a, 4, cols);
+	for (const struct cf_setting *s = config_settings; s->name; s++) {
+		const char *v[4];
+		config_format(rt->cf, s, val, sizeof(val));
+		v[0] = s->name;
+		v[1] = val;
+		v[2] = s->def ? s->def : "";
+		v[3] = s->reloadable ? "yes" : "no";
+		pkt_data_row(a->pb, 4, v);
+	}
+	finish(a, "SHOW");
+}
+
+static const char *mode_name(int m)
+{
+	return m == POOL_SESSION ? "session" : m == POOL_TRANSACTION ? "transaction" : "statement";
+}
+
+static void show_pools(struct admin_ctx *a)
+{
+	static const char *const cols[] = {
+		"database", "user", "cl_active", "cl_waiting", "cl_active_cancel_req", "cl_waiting_cancel_req",
+		"sv_active", "sv_active_cancel", "sv_being_canceled", "sv_idle", "sv_used", "sv_tested",
+		"sv_login", "maxwait", "maxwait_us", "pool_mode", "load_balance_hosts",
+	};
+	struct pool *p;
+	usec_t now = now_mono();
+
+	row_header(a, 17, cols);
+	TAILQ_FOREACH(p, &rt->pools, entry) {
+		char b[10][24];
+		struct client *w = TAILQ_FIRST(&p->waiting_clients);
+		usec_t maxwait = w ? now - w->wait_start : 0;
+		const char *v[17] = {
+			p->db->name, p->user, fmt_int(b[0], p->n_active_cl + p->n_login_cl), fmt_int(b[1], p->n_waiting_cl),
+			"0", "0", fmt_int(b[2], p->n_active_sv), "0", "0", fmt_int(b[3], p->n_idle_sv), "0",
+			fmt_int(b[4], p->n_tested_sv), fmt_int(b[5], p->n_login_sv), fmt_int(b[6], maxwait / USEC),
+			fmt_int(b[7], maxwait % USEC), mode_name(pool_mode_of(p)), NULL,
+		};
+		pkt_data_row(a->pb, 17, v);
+	}
+	finish(a, "SHOW");
+}
+
+static const char *const sock_cols[] = {
+	"type", "user", "database", "replication", "state", "addr", "port", "local_addr", "local_port",
+	"connect_time", "request_time", "wait", "wait_us", "close_needed", "ptr", "link", "remote_pid",
+	"tls", "application_name", "prepared_statements", "id",
+};
+#define N_SOCK_COLS 21
+
+static void client_row(struct admin_ctx *a, struct client *c, const char *state)
+{
+	char host[64], b[8][24], ct[40], ptr[24], link[24];
+	int port;
+	usec_t wait = c->state == CL_WAITING ? now_mono() - c->wait_start : 0;
+	const char *v[N_SOCK_COLS];
+
+	addr_to_str(&c->addr, host, sizeof(host), &port);
+	fmt_time(ct, sizeof(ct), c->connect_time);
+	snprintf(ptr, sizeof(ptr), "%p", (void *)c);
+	snprintf(link, sizeof(link), "%p", (void *)c->link);
+	v[0] = "C"; v[1] = c->user; v[2] = c->dbname; v[3] = "no"; v[4] = state; v[5] = host;
+	v[6] = fmt_int(b[0], port); v[7] = "127.0.0.1"; v[8] = fmt_int(b[1], rt->cf->listen_port);
+	v[9] = ct; v[10] = ct; v[11] = fmt_int(b[2], wait / USEC); v[12] = fmt_int(b[3], wait % USEC);
+	v[13] = "0"; v[14] = ptr; v[15] = c->link ? link : ""; v[16] = "0"; v[17] = "";
+	v[18] = c->vars.v[VAR_APPNAME] ? c->vars.v[VAR_APPNAME] : ""; v[19] = "0";
+	v[20] = fmt_u64(b[4], c->id);
+	pkt_data_row(a->pb, N_SOCK_COLS, v);
+}
+
+static void show_clients(struct admin_ctx *a)
+{
+	struct pool *p;
+	struct client *c;
+
+	row_header(a, N_SOCK_COLS, sock_cols);
+	TAILQ_FOREACH(p, &rt->pools, entry) {
+		TAILQ_FOREACH(c, &p->active_clients, entry)
+			client_row(a, c, c->link ? "active" : "idle");
+		TAILQ_FOREACH(c, &p->waiting_clients, entry)
+			client_row(a, c, "waiting");
+		TAILQ_FOREACH(c, &p->login_clients, entry)
+			client_row(a, c, "waiting");
+	}
+	TAILQ_FOREACH(c, &rt->admin_clients, entry)
+		client_row(a, c, "active");
+	finish(a, "SHOW");
+}
+
+static void server_row(struct admin_ctx *a, struct server *s, const char *state)
+{
+	char host[64], b[8][24], ct[40], ptr[24], link[24];
+	int port;
+	const char *v[N_SOCK_COLS];
+
+	addr_to_str(&s->addr, host, sizeof(host), &port);
+	fmt_time(ct, sizeof(ct), s->connect_time);
+	snprintf(ptr, sizeof(ptr), "%p", (void *)s);
+	snprintf(link, sizeof(link), "%p", (void *)s->link);
+	v[0] = "S"; v[1] = s->pool->login_user; v[2] = s->pool->db->name; v[3] = "no"; v[4] = state; v[5] = host;
+	v[6] = fmt_int(b[0], port); v[7] = ""; v[8] = "0"; v[9] = ct; v[10] = ct; v[11] = "0"; v[12] = "0";
+	v[13] = s->close_needed ? "1" : "0"; v[14] = ptr; v[15] = s->link ? link : "";
+	v[16] = fmt_int(b[1], s->backend_pid); v[17] = ""; v[18] = s->vars.v[VAR_APPNAME] ? s->vars.v[VAR_APPNAME] : "";
+	v[19] = "0"; v[20] = fmt_u64(b[2], s->id);
+	pkt_data_row(a->pb, N_SOCK_COLS, v);
+}
+
+static void show_servers(struct admin_ctx *a)
+{
+	struct pool *p;
+	struct server *s;
+
+	row_header(a, N_SOCK_COLS, sock_cols);
+	TAILQ_FOREACH(p, &rt->pools, entry) {
+		TAILQ_FOREACH(s, &p->active_servers, entry)
+			server_row(a, s, "active");
+		TAILQ_FOREACH(s, &p->idle_servers, entry)
+			server_row(a, s, "idle");
+		TAILQ_FOREACH(s, &p->tested_servers, entry)
+			server_row(a, s, "tested");
+		TAILQ_FOREACH(s, &p->login_servers, entry)
+			server_row(a, s, "new");
+	}
+	finish(a, "SHOW");
+}
+
+static void db_totals(struct lk_db *db, struct lk_stats *tot, struct lk_stats *avg)
+{
+	struct pool *p;
+	memset(tot, 0, sizeof(*tot));
+	memset(avg, 0, sizeof(*avg));
+	TAILQ_FOREACH(p, &rt->pools, entry) {
+		if (p->db != db)
+			continue;
+		uint64_t *t = (uint64_t *)tot, *s = (uint64_t *)&p->stats, *av = (uint64_t *)avg, *pa = (uint64_t *)&p->avg;
+		for (size_t i = 0; i < sizeof(*tot) / sizeof(uint64_t); i++) {
+			t[i] += s[i];
+			av[i] += pa[i];
+		}
+	}
+}
+
+static void show_stats(struct admin_ctx *a)
+{
+	static const char *const cols[] = {
+		"database", "total_server_assignment_count", "total_xact_count", "total_query_count",
+		"total_received", "total_sent", "total_xact_time", "total_query_time", "total_wait_time",
+		"total_client_parse_count", "total_server_parse_count", "total_bind_count",
+		"avg_server_assignment_count", "avg_xact_count", "avg_query_count", "avg_recv", "avg_sent",
+		"avg_xact_time", "avg_query_time", "avg_wait_time", "avg_client_parse_count",
+		"avg_server_parse_count", "avg_bind_count",
+	};
+	struct lk_db *db;
+
+	row_header(a, 23, cols);
+	TAILQ_FOREACH(db, &rt->dbs, entry) {
+		struct lk_stats t, g;
+		char b[23][24];
+		db_totals(db, &t, &g);
+		const char *v[23] = {
+			db->name, fmt_u64(b[0], t.server_assignment_count), fmt_u64(b[1], t.xact_count),
+			fmt_u64(b[2], t.query_count), fmt_u64(b[3], t.bytes_received), fmt_u64(b[4], t.bytes_sent),
+			fmt_u64(b[5], t.xact_time), fmt_u64(b[6], t.query_time), fmt_u64(b[7], t.wait_time), "0", "0", "0",
+			fmt_u64(b[8], g.server_assignment_count), fmt_u64(b[9], g.xact_count), fmt_u64(b[10], g.query_count),
+			fmt_u64(b[11], g.bytes_received), fmt_u64(b[12], g.bytes_sent), fmt_u64(b[13], g.xact_time),
+			fmt_u64(b[14], g.query_time), fmt_u64(b[15], g.wait_time), "0", "0", "0",
+		};
+		pkt_data_row(a->pb, 23, v);
+	}
+	finish(a, "SHOW");
+}
+
+static void show_databases(struct admin_ctx *a)
+{
+	static const char *const cols[] = {
+		"name", "host", "port", "database", "force_user", "pool_size", "min_pool_size", "reserve_pool_size",
+		"server_lifetime", "pool_mode", "load_balance_hosts", "max_connections", "current_connections",
+		"max_client_connections", "current_client_connections", "paused", "disabled",
+	};
+	struct lk_db *db;
+
+	row_header(a, 17, cols);
+	TAILQ_FOREACH(db, &rt->dbs, entry) {
+		const struct db_conf *dc = &db->conf;
+		char b[10][24];
+		int ncl = 0;
+		struct pool *p;
+		if (db->removed)
+			continue;
+		TAILQ_FOREACH(p, &rt->pools, entry)
+			if (p->db == db)
+				ncl += p->n_active_cl + p->n_waiting_cl + p->n_login_cl;
+		const char *v[17] = {
+			db->name, dc->host, fmt_int(b[0], dc->port > 0 ? dc->port : 5432), dc->dbname ? dc->dbname : db->name,
+			dc->user, fmt_int(b[1], dc->pool_size >= 0 ? dc->pool_size : rt->cf->default_pool_size),
+			fmt_int(b[2], dc->min_pool_size >= 0 ? dc->min_pool_size : rt->cf->min_pool_size),
+			fmt_int(b[3], dc->reserve_pool_size >= 0 ? dc->reserve_pool_size : rt->cf->reserve_pool_size),
+			fmt_int(b[4], rt->cf->server_lifetime / USEC), dc->pool_mode >= 0 ? mode_name(dc->pool_mode) : NULL,
+			NULL, fmt_int(b[5], dc->max_db_connections > 0 ? dc->max_db_connections : rt->cf->max_db_connections),
+			fmt_int(b[6], db->server_count), "0", fmt_int(b[7], ncl), db->paused ? "1" : "0", "0",
+		};
+		pkt_data_row(a->pb, 17, v);
+	}
+	finish(a, "SHOW");
+}
+
+static void show_users(struct admin_ctx *a)
+{
+	static const char *const cols[] = {
+		"name", "pool_size", "reserve_pool_size", "pool_mode", "max_user_connections", "current_connections",
+		"max_user_client_connections", "current_client_connections",
+	};
+	row_header(a, 8, cols);
+	for (int i = 0; i < rt->cf->n_users; i++) {
+		const struct user_conf *u = &rt->cf->users[i];
+		char b[4][24];
+		int nsv = 0, ncl = 0;
+		struct pool *p;
+		TAILQ_FOREACH(p, &rt->pools, entry) {
+			if (strcmp(p->user, u->name) != 0)
+				continue;
+			nsv += p->n_active_sv + p->n_idle_sv + p->n_tested_sv + p->n_login_sv;
+			ncl += p->n_active_cl + p->n_waiting_cl + p->n_login_cl;
+		}
+		const char *v[8] = {
+			u->name, u->pool_size >= 0 ? fmt_int(b[0], u->pool_size) : "", "",
+			u->pool_mode >= 0 ? mode_name(u->pool_mode) : "", fmt_int(b[1], u->max_user_connections),
+			fmt_int(b[2], nsv), "0", fmt_int(b[3], ncl),
+		};
+		pkt_data_row(a->pb, 8, v);
+	}
+	finish(a, "SHOW");
+}
+
+static void show_lists(struct admin_ctx *a)
+{
+	static const char *const cols[] = { "list", "items" };
+	int n_db = 0, n_pools = 0, n_users = rt->cf->n_users, cl_used = 0, cl_wait = 0, cl_act = 0, sv_used = 0,
+	    sv_idle = 0, sv_login = 0, cl_login = 0, cl_admin = 0;
+	struct lk_db *db;
+	struct pool *p;
+	struct client *c;
+
+	TAILQ_FOREACH(db, &rt->dbs, entry)
+		n_db++;
+	TAILQ_FOREACH(p, &rt->pools, entry) {
+		n_pools++;
+		cl_act += p->n_active_cl + p->n_login_cl;
+		cl_wait += p->n_waiting_cl;
+		sv_used += p->n_active_sv + p->n_tested_sv;
+		sv_idle += p->n_idle_sv;
+		sv_login += p->n_login_sv;
+	}
+	TAILQ_FOREACH(c, &rt->login_clients, entry)
+		cl_login++;
+	TAILQ_FOREACH(c, &rt->admin_clients, entry)
+		cl_admin++;
+	cl_used = cl_act + cl_wait + cl_login + cl_admin;
+	struct { const char *name; int n; } rows[] = {
+		{ "databases", n_db }, { "users", n_users }, { "pools", n_pools }, { "free_clients", 0 },
+		{ "used_clients", cl_used }, { "login_clients", cl_login }, { "free_servers", 0 },
+		{ "used_servers", sv_used + sv_idle + sv_login }, { "dns_names", 0 }, { "dns_zones", 0 },
+		{ "dns_queries", 0 }, { "dns_pending", 0 },
+	};
+	row_header(a, 2, cols);
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		char b[24];
+		const char *v[2] = { rows[i].name, fmt_int(b, rows[i].n) };
+		pkt_data_row(a->pb, 2, v);
+	}
+	finish(a, "SHOW");
+}
+
+static void show_help(struct admin_ctx *a);
+
+static const struct show_view {
+	const char *name;
+	void (*fn)(struct admin_ctx *a);
+} show_views[] = {
+	{ "help", show_help },
+	{ "version", show_version },
+	{ "state", show_state },
+	{ "config", show_config },
+	{ "pools", show_pools },
+	{ "clients", show_clients },
+	{ "servers", show_servers },
+	{ "stats", show_stats },
+	{ "databases", show_databases },
+	{ "users", show_users },
+	{ "lists", show_lists },
+	{ NULL, NULL },
+};
+
+static void show_help(struct admin_ctx *a)
+{
+	char msg[512] = "SHOW HELP|CONFIG|DATABASES|POOLS|CLIENTS|SERVERS|USERS|VERSION|STATS|LISTS|STATE; "
+			"SET key = arg; RELOAD; PAUSE [db]; RESUME [db]; RECONNECT [db]; KILL db; SHUTDOWN";
+	pkt_notice(a->pb, "00000", msg);
+	finish(a, "SHOW");
+}
+
+/* ---- control commands ---- */
+
+static struct lk_db *arg_db(struct admin_ctx *a, int i, bool *bad)
+{
+	struct lk_db *db;
+	*bad = false;
+	if (a->nargs <= i)
+		return NULL;
+	db = db_lookup(a->args[i], false);
+	if (!db) {
+		char msg[256];
+		snprintf(msg, sizeof(msg), "no such database: %s", a->args[i]);
+		fail(a, "3D000", msg);
+		*bad = true;
+	}
+	return db;
+}
+
+static void cmd_show(struct admin_ctx *a)
+{
+	if (a->nargs < 2) {
+		fail(a, "42601", "SHOW needs an argument; try SHOW HELP");
+		return;
+	}
+	for (const struct show_view *v = show_views; v->name; v++) {
+		if (strcasecmp(v->name, a->args[1]) == 0) {
+			v->fn(a);
+			return;
+		}
+	}
+	fail(a, "42601", "unknown SHOW view; try SHOW HELP");
+}
+
+static void cmd_pause(struct admin_ctx *a)
+{
+	bool bad;
+	struct lk_db *db = arg_db(a, 1, &bad);
+	if (bad)
+		return;
+	if (db)
+		db->paused = true;
+	else
+		rt->paused = true;
+	finish(a, "PAUSE");
+}
+
+static void cmd_resume(struct admin_ctx *a)
+{
+	bool bad;
+	struct lk_db *db = arg_db(a, 1, &bad);
+	if (bad)
+		return;
+	pool_resume(db);
+	finish(a, "RESUME");
+}
+
+static void cmd_reconnect(struct admin_ctx *a)
+{
+	bool bad;
+	struct lk_db *db = arg_db(a, 1, &bad);
+	if (bad)
+		return;
+	pool_reconnect(db);
+	finish(a, "RECONNECT");
+}
+
+static void cmd_kill(struct admin_ctx *a)
+{
+	bool bad;
+	struct lk_db *db = arg_db(a, 1, &bad);
+	if (bad)
+		return;
+	if (!db) {
+		struct lk_db *d;
+		TAILQ_FOREACH(d, &rt->dbs, entry)
+			pool_kill(d);
+	} else {
+		pool_kill(db);
+	}
+	finish(a, "KILL");
+}
+
+static void cmd_reload(struct admin_ctx *a)
+{
+	char err[512];
+	if (!lokadb_reload(err, sizeof(err))) {
+		fail(a, "F0000", err);
+		return;
+	}
+	finish(a, "RELOAD");
+}
+
+static void cmd_shutdown(struct admin_ctx *a)
+{
+	finish(a, "SHUTDOWN");
+	lokadb_shutdown(SHUT_NOW);
+}
+
+static void cmd_set(struct admin_ctx *a)
+{
+	char err[512];
+	/* args: SET key = value  (value may be quoted) */
+	if (a->nargs != 4 || strcmp(a->args[2], "=") != 0) {
+		fail(a, "42601", "syntax: SET key = value");
+		return;
+	}
+	if (!config_set(rt->cf, a->args[1], a->args[3], err, sizeof(err))) {
+		fail(a, "22023", err);
+		return;
+	}
+	pool_apply_config(NULL);
+	finish(a, "SET");
+}
+
+static const struct admin_cmd {
+	const char *name;
+	bool needs_admin;
+	void (*fn)(struct admin_ctx *a);
+} commands[] = {
+	{ "show", false, cmd_show },
+	{ "pause", true, cmd_pause },
+	{ "resume", true, cmd_resume },
+	{ "reconnect", true, cmd_reconnect },
+	{ "kill", true, cmd_kill },
+	{ "reload", true, cmd_reload },
+	{ "shutdown", true, cmd_shutdown },
+	{ "set", true, cmd_set },
+	{ NULL, false, NULL },
+};
+
+/*
+ * Split into words: identifiers, '=' and quoted strings ('..' with '' and
+ * ".." kept verbatim). Modifies `sql`. Returns false on bad quoting.
+ */
+static bool tokenize(struct admin_ctx *a, char *sql)
+{
+	char *p = sql;
+
+	a->nargs = 0;
+	while (*p) {
+		char *start;
+		while (isspace((unsigned char)*p) || *p == ';')
+			p++;
+		if (!*p)
+			break;
+		if (a->nargs == MAX_ARGS)
+			return false;
+		if (*p == '\'' || *p == '"') {
+			char q = *p++, *w = p;
+			start = p;
+			for (;;) {
+				if (!*p)
+					return false;
+				if (*p == q && p[1] == q) {
+					*w++ = q;
+					p += 2;
+				} else if (*p == q) {
+					p++;
+					break;
+				} else {
+					*w++ = *p++;
+				}
+			}
+			*w = 0;
+		} else if (*p == '=') {
+			start = p;
+			p++;
+			if (*p) {
+				memmove(p + 1, p, strlen(p) + 1);
+				*p++ = 0;
+			}
+		} else {
+			start = p;
+			while (*p && !isspace((unsigned char)*p) && *p != '=' && *p != ';')
+				p++;
+			if (*p == '=') {
+				memmove(p + 1, p, strlen(p) + 1);
+				*p++ = 0;
+				a->args[a->nargs++] = start;
+				continue;
+			}
+			if (*p)
+				*p++ = 0;
+		}
+		a->args[a->nargs++] = start;
+	}
+	return true;
+}
+
+void admin_handle(struct client *c, const char *query)
+{
+	struct admin_ctx a = { .c = c, .pb = &rt->pb };
+	size_t qlen = strlen(query);
+	char *sql = xcalloc(1, 2 * qlen + 2);	/* the tokenizer may insert a NUL per '=' */
+
+	memcpy(sql, query, qlen);
+
+	c->request_time = now_mono();
+	if (!tokenize(&a, sql)) {
+		fail(&a, "42601", "syntax error in console command");
+		goto out;
+	}
+	if (a.nargs == 0) {
+		pkt_begin(a.pb, 'I');
+		pkt_end(a.pb);
+		pkt_ready(a.pb, 'I');
+		pkt_send(a.pb, bufferevent_get_output(c->bev));
+		goto out;
+	}
+	for (const struct admin_cmd *cmd = commands; cmd->name; cmd++) {
+		if (strcasecmp(cmd->name, a.args[0]) != 0)
+			continue;
+		if (cmd->needs_admin && !c->admin_full)
+			fail(&a, "42501", "admin access needed");
+		else
+			cmd->fn(&a);
+		goto out;
+	}
+	fail(&a, "42601", "unknown console command; try SHOW HELP");
+out:
+	free(sql);
+}

@@ -1,0 +1,783 @@
+/* SPDX-License-Identifier: ISC */
+/*
+ * client.c -- connections from applications: startup, authentication and
+ * the forwarding of their messages to the linked server.
+ *
+ * A client's input is read by libevent into its bufferevent's input
+ * evbuffer. client_process() walks it message by message:
+ *   - during login whole messages are parsed (startup, password, SASL);
+ *   - afterwards only the 5-byte header is looked at and the message is
+ *     moved to the server's output without copying (evbuffer_remove_buffer),
+ *     also a piece at a time for messages larger than what has arrived.
+ * A message the pooler cannot take (bad type, over max_message_bytes) gets an
+ * ErrorResponse with a SQLSTATE and the client is closed after the flush.
+ *
+ * Invariants: c->fwd_remaining != 0 only while linked; a client without a
+ * server never has its input consumed past a message boundary.
+ */
+#include "core.h"
+#include "scram.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <event2/util.h>
+
+static void client_read_cb(struct bufferevent *bev, void *arg);
+static void client_write_cb(struct bufferevent *bev, void *arg);
+static void client_event_cb(struct bufferevent *bev, short what, void *arg);
+
+const char *client_ident(const struct client *c, char *buf, size_t len)
+{
+	char host[64];
+	int port;
+	addr_to_str(&c->addr, host, sizeof(host), &port);
+	snprintf(buf, len, "C-%llu: %s/%s@%s:%d", (unsigned long long)c->id,
+		 c->dbname ? c->dbname : "(nodb)", c->user ? c->user : "(nouser)", host, port);
+	return buf;
+}
+
+static void set_sock_opts(int fd, bool is_unix)
+{
+	int on = 1;
+	evutil_make_socket_nonblocking(fd);
+	evutil_make_socket_closeonexec(fd);
+	if (is_unix)
+		return;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
+	if (rt->cf->tcp_keepalive)
+		setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+}
+
+void client_accept(int fd, const struct sockaddr *sa, int salen, bool is_unix)
+{
+	struct client *c;
+
+	set_sock_opts(fd, is_unix);
+	c = xcalloc(1, sizeof(*c));
+	c->id = ++rt->next_id;
+	c->state = CL_LOGIN;
+	if (salen > 0 && (size_t)salen <= sizeof(c->addr))
+		memcpy(&c->addr, sa, (size_t)salen);
+	if (is_unix)
+		c->addr.ss_family = AF_UNIX;
+	c->connect_time = now_wall();
+	c->login_start = c->request_time = now_mono();
+	c->bev = bufferevent_socket_new(rt->base, fd, BEV_OPT_CLOSE_ON_FREE);
+	if (!c->bev) {
+		evutil_closesocket(fd);
+		free(c);
+		return;
+	}
+	TAILQ_INSERT_TAIL(&rt->login_clients, c, entry);
+	rt->n_clients++;
+	bufferevent_setcb(c->bev, client_read_cb, client_write_cb, client_event_cb, c);
+	bufferevent_setwatermark(c->bev, EV_WRITE, WRITE_LOW_WATER, 0);
+	evutil_secure_rng_get_bytes(c->cancel_key, sizeof(c->cancel_key));
+	if (rt->n_clients > rt->cf->max_client_conn) {
+		client_close(c, "53300", "no more connections allowed (max_client_conn)");
+		return;
+	}
+	if (rt->shutdown != SHUT_NONE) {
+		client_close(c, "57P01", "pooler is shutting down");
+		return;
+	}
+	bufferevent_enable(c->bev, EV_READ);
+}
+
+/*
+ * Close a client. With a sqlstate, a FATAL ErrorResponse is sent first and
+ * the socket is closed once it has been flushed. The object itself is freed
+ * at the end of the loop turn.
+ */
+void client_close(struct client *c, const char *sqlstate, const char *fmt, ...)
+{
+	char msg[512], ident[160];
+	struct evbuffer *out;
+	va_list ap;
+
+	if (c->closing)
+		return;
+	msg[0] = 0;
+	if (fmt) {
+		va_start(ap, fmt);
+		vsnprintf(msg, sizeof(msg), fmt, ap);
+		va_end(ap);
+	}
+	c->closing = true;
+	if (fmt && (rt->cf->log_disconnections || sqlstate))
+		log_info("%s closing because: %s", client_ident(c, ident, sizeof(ident)), msg);
+	else if (rt->cf->log_disconnections && c->state != CL_LOGIN)
+		log_info("%s closing because: client close request", client_ident(c, ident, sizeof(ident)));
+	pool_client_gone(c);
+	if (!c->bev) {
+		client_free_now(c);
+		return;
+	}
+	out = bufferevent_get_output(c->bev);
+	if (sqlstate)
+		pkt_send_error(out, "FATAL", sqlstate, "%s", msg);
+	bufferevent_disable(c->bev, EV_READ);
+	if (evbuffer_get_length(out) == 0) {
+		client_free_now(c);
+		return;
+	}
+	/* flush, then free from the write callback (or on error) */
+	bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
+	bufferevent_enable(c->bev, EV_WRITE);
+}
+
+void client_free_now(struct client *c)
+{
+	if (c->state == CL_JUSTFREE && !c->bev)
+		return;
+	if (c->bev) {
+		bufferevent_free(c->bev);
+		c->bev = NULL;
+	}
+	switch (c->state) {
+	case CL_LOGIN:
+		TAILQ_REMOVE(&rt->login_clients, c, entry);
+		break;
+	case CL_ADMIN:
+		TAILQ_REMOVE(&rt->admin_clients, c, entry);
+		break;
+	case CL_JUSTFREE:
+		break;
+	default:
+		pool_set_client_state(c, CL_JUSTFREE);
+		break;
+	}
+	c->state = CL_JUSTFREE;
+	TAILQ_INSERT_TAIL(&rt->justfree_clients, c, entry);
+	rt->n_clients--;
+	event_active(rt->justfree_ev, EV_TIMEOUT, 0);
+}
+
+static void client_write_cb(struct bufferevent *bev, void *arg)
+{
+	struct client *c = arg;
+	(void)bev;
+	if (c->closing) {
+		if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+			client_free_now(c);
+		return;
+	}
+	/* the client drained what the server sent: let the server talk again */
+	if (c->link && c->link->throttled) {
+		c->link->throttled = false;
+		bufferevent_enable(c->link->bev, EV_READ);
+		server_process(c->link);
+	}
+}
+
+static void client_event_cb(struct bufferevent *bev, short what, void *arg)
+{
+	struct client *c = arg;
+	(void)bev;
+	if (c->closing) {
+		client_free_now(c);
+		return;
+	}
+	if (what & BEV_EVENT_EOF)
+		client_close(c, NULL, "client unexpected eof");
+	else if (what & BEV_EVENT_ERROR)
+		client_close(c, NULL, "client socket error: %s", evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+}
+
+static void client_read_cb(struct bufferevent *bev, void *arg)
+{
+	(void)bev;
+	client_process(arg);
+}
+
+/* ================= login ================= */
+
+static bool startup_param(struct client *c, const char *key, const char *val)
+{
+	int id;
+
+	if (strcmp(key, "user") == 0) {
+		free(c->user);
+		c->user = xstrdup(val);
+	} else if (strcmp(key, "database") == 0) {
+		free(c->dbname);
+		c->dbname = xstrdup(val);
+	} else if ((id = varcache_lookup(key)) >= 0) {
+		varcache_set(&c->vars, (enum var_id)id, val);
+	} else if (strcmp(key, "options") == 0) {
+		return true;	/* parsed below by options_param() */
+	} else if (strcmp(key, "replication") == 0) {
+		client_close(c, "08P01", "replication connections are not supported");
+		return false;
+	} else if (!config_list_has(rt->cf->ignore_startup_parameters, key)) {
+		client_close(c, "08P01", "unsupported startup parameter: %s", key);
+		return false;
+	}
+	return true;
+}
+
+/* options=-c name=value [-c ...] / --name=value: only tracked parameters. */
+static bool options_param(struct client *c, const char *opts)
+{
+	char *copy = xstrdup(opts), *save = NULL, *tok;
+	bool expect_c = false, ok = true;
+
+	for (tok = strtok_r(copy, " \t", &save); tok && ok; tok = strtok_r(NULL, " \t", &save)) {
+		char *eq;
+		int id;
+		if (strcmp(tok, "-c") == 0) {
+			expect_c = true;
+			continue;
+		}
+		if (!expect_c && strncmp(tok, "--", 2) == 0)
+			tok += 2;
+		else if (!expect_c && strncmp(tok, "-c", 2) == 0)
+			tok += 2;
+		else if (!expect_c)
+			ok = false;
+		expect_c = false;
+		eq = strchr(tok, '=');
+		if (!ok || !eq) {
+			ok = false;
+			break;
+		}
+		*eq = 0;
+		for (char *p = tok; *p; p++)
+			if (*p == '-')
+				*p = '_';
+		id = varcache_lookup(tok);
+		if (id >= 0)
+			varcache_set(&c->vars, (enum var_id)id, eq + 1);
+		else if (!config_list_has(rt->cf->ignore_startup_parameters, tok))
+			ok = false;
+	}
+	free(copy);
+	if (!ok)
+		client_close(c, "08P01", "unsupported options startup parameter: parameter \"%s\" cannot be set by the pooler", opts);
+	return ok;
+}
+
+static void send_negotiate(struct client *c, uint32_t minor, int n_unknown, char **unknown)
+{
+	struct pktbuf *pb = &rt->pb;
+	pkt_begin(pb, 'v');
+	pkt_put_int32(pb, 196608);
+	pkt_put_int32(pb, n_unknown);
+	for (int i = 0; i < n_unknown; i++)
+		pkt_put_string(pb, unknown[i]);
+	pkt_end(pb);
+	pkt_send(pb, bufferevent_get_output(c->bev));
+	(void)minor;
+}
+
+/* Parse the v3 startup packet body (after length and version). */
+static bool parse_startup(struct client *c, uint8_t *buf, uint32_t len, uint32_t minor)
+{
+	char *p = (char *)buf, *end = (char *)buf + len;
+	char *unknown[32];
+	int n_unknown = 0;
+	const char *options = NULL;
+
+	if (len == 0 || buf[len - 1] != 0) {
+		client_close(c, "08P01", "invalid startup packet layout: expected terminator as last byte");
+		return false;
+	}
+	while (p < end && *p) {
+		char *key = p, *val;
+		p += strlen(p) + 1;
+		if (p >= end) {
+			client_close(c, "08P01", "invalid startup packet layout: missing value for \"%s\"", key);
+			return false;
+		}
+		val = p;
+		p += strlen(p) + 1;
+		if (strncmp(key, "_pq_.", 5) == 0) {
+			if (n_unknown < 32)
+				unknown[n_unknown++] = key;
+			continue;
+		}
+		if (strcmp(key, "options") == 0)
+			options = val;
+		if (!startup_param(c, key, val))
+			return false;
+	}
+	if (options && !options_param(c, options))
+		return false;
+	if (minor > 0 || n_unknown > 0)
+		send_negotiate(c, minor, n_unknown, unknown);
+	if (!c->user || !*c->user) {
+		client_close(c, "28000", "no PostgreSQL user name specified in startup packet");
+		return false;
+	}
+	if (!c->dbname || !*c->dbname) {
+		free(c->dbname);
+		c->dbname = xstrdup(c->user);
+	}
+	return true;
+}
+
+static void handle_cancel(struct client *c, const uint8_t *key)
+{
+	struct pool *p;
+	struct client *target;
+
+	TAILQ_FOREACH(p, &rt->pools, entry) {
+		TAILQ_FOREACH(target, &p->active_clients, entry) {
+			if (memcmp(target->cancel_key, key, 8) != 0)
+				continue;
+			if (target->link)
+				server_cancel(target->link);
+			goto done;
+		}
+		TAILQ_FOREACH(target, &p->waiting_clients, entry) {
+			if (memcmp(target->cancel_key, key, 8) == 0) {
+				client_close(target, "57014", "canceling statement due to user request");
+				goto done;
+			}
+		}
+	}
+done:
+	client_close(c, NULL, NULL);
+}
+
+static void client_auth_start(struct client *c);
+
+/* Returns true when a whole startup message was consumed. */
+static bool read_startup(struct client *c, struct evbuffer *in)
+{
+	uint8_t hdr[8], *body;
+	uint32_t len, code;
+	size_t avail = evbuffer_get_length(in);
+
+	if (avail < 8) {
+		if (avail >= 4) {
+			evbuffer_copyout(in, hdr, 4);
+			len = pkt_get_u32(hdr);
+			if (len < 8 || len > STARTUP_MAX_LEN) {
+				client_close(c, "08P01", "invalid length of startup packet");
+				return false;
+			}
+		}
+		return false;
+	}
+	evbuffer_copyout(in, hdr, 8);
+	len = pkt_get_u32(hdr);
+	code = pkt_get_u32(hdr + 4);
+	if (len < 8 || len > STARTUP_MAX_LEN) {
+		client_close(c, "08P01", "invalid length of startup packet");
+		return false;
+	}
+	if (avail < len)
+		return false;
+	evbuffer_drain(in, 8);
+	if (code == PROTO_SSL_CODE || code == PROTO_GSSENC_CODE) {
+		evbuffer_drain(in, len - 8);
+		if (len != 8) {
+			client_close(c, "08P01", "invalid length of startup packet");
+			return false;
+		}
+		bufferevent_write(c->bev, "N", 1);
+		return true;
+	}
+	body = evbuffer_pullup(in, len - 8);
+	if (code == PROTO_CANCEL_CODE) {
+		if (len == 16)
+			handle_cancel(c, body);
+		else
+			client_close(c, "08P01", "invalid length of cancel request");
+		return false;
+	}
+	if ((code >> 16) != 3) {
+		client_close(c, "0A000", "unsupported frontend protocol %u.%u: server supports 3.0 to 3.0",
+			     code >> 16, code & 0xffff);
+		return false;
+	}
+	if (!parse_startup(c, body, len - 8, code & 0xffff))
+		return false;
+	evbuffer_drain(in, len - 8);
+	client_auth_start(c);
+	return !c->closing;
+}
+
+static void auth_request(struct client *c, int32_t code, const void *data, size_t len)
+{
+	pkt_auth_req(&rt->pb, code, data, len);
+	pkt_send(&rt->pb, bufferevent_get_output(c->bev));
+}
+
+static void auth_failed(struct client *c)
+{
+	client_close(c, "28P01", "password authentication failed for user \"%s\"", c->user);
+}
+
+static void client_login_done(struct client *c);
+
+static void client_auth_start(struct client *c)
+{
+	int type = rt->cf->auth_type;
+	const char *secret;
+
+	c->db = db_lookup(c->dbname, true);
+	if (!c->db && !admin_is_dbname(c->dbname)) {
+		client_close(c, "3D000", "no such database: %s", c->dbname);
+		return;
+	}
+	c->auth = config_find_auth(rt->cf, c->user);
+	if (type == AUTH_ANY || type == AUTH_TRUST) {
+		if (type == AUTH_TRUST && rt->cf->n_auth > 0 && !c->auth) {
+			client_close(c, "28000", "no such user: %s", c->user);
+			return;
+		}
+		client_login_done(c);
+		return;
+	}
+	secret = c->auth ? c->auth->secret : NULL;
+	if (type == AUTH_PLAIN) {
+		c->auth_step = 1;
+		auth_request(c, 3, NULL, 0);
+	} else if (secret && scram_is_scram_secret(secret)) {
+		goto sasl;
+	} else if (type == AUTH_SCRAM) {
+		goto sasl;
+	} else {
+		evutil_secure_rng_get_bytes(c->md5_salt, 4);
+		c->auth_step = 1;
+		auth_request(c, 5, c->md5_salt, 4);
+	}
+	return;
+sasl:
+	c->auth_step = 2;
+	{
+		static const char mech[] = "SCRAM-SHA-256\0";
+		auth_request(c, 10, mech, sizeof(mech));
+	}
+}
+
+static bool check_password(struct client *c, const char *given)
+{
+	const char *secret = c->auth ? c->auth->secret : NULL;
+	char answer[36];
+
+	if (!secret)
+		return false;
+	if (rt->cf->auth_type == AUTH_PLAIN) {
+		if (scram_is_md5_secret(secret)) {
+			char m[36];
+			scram_md5_secret(c->user, given, m);
+			return strcmp(m, secret) == 0;
+		}
+		return !scram_is_scram_secret(secret) && strcmp(secret, given) == 0;
+	}
+	if (scram_is_md5_secret(secret)) {
+		scram_md5_answer(secret, c->md5_salt, answer);
+	} else {
+		char m[36];
+		scram_md5_secret(c->user, secret, m);
+		scram_md5_answer(m, c->md5_salt, answer);
+	}
+	return strcmp(answer, given) == 0;
+}
+
+static void sasl_step(struct client *c, const uint8_t *body, uint32_t len)
+{
+	char err[128], *out = NULL;
+	const char *secret = c->auth ? c->auth->secret : NULL;
+
+	if (c->auth_step == 2) {
+		/* SASLInitialResponse: mechanism, int32 length, data */
+		const char *mech = (const char *)body;
+		size_t ml = strnlen(mech, len);
+		uint32_t dlen;
+		if (ml + 5 > len || strcmp(mech, "SCRAM-SHA-256") != 0) {
+			client_close(c, "08P01", "client selected an invalid SASL authentication mechanism");
+			return;
+		}
+		dlen = pkt_get_u32(body + ml + 1);
+		if (dlen > len - ml - 5) {
+			client_close(c, "08P01", "malformed SASL message");
+			return;
+		}
+		/* an unknown user still goes through the exchange, then fails */
+		c->scram = scram_server_new(secret && !scram_is_md5_secret(secret) ? secret : "\x01invalid");
+		if (!c->scram || !scram_server_first(c->scram, (const char *)body + ml + 5, dlen, &out, err, sizeof(err))) {
+			client_close(c, "08P01", "%s", c->scram ? err : "out of memory");
+			return;
+		}
+		c->auth_step = 3;
+		auth_request(c, 11, out, strlen(out));
+		free(out);
+		return;
+	}
+	if (!scram_server_final(c->scram, (const char *)body, len, &out, err, sizeof(err)) || !secret ||
+	    scram_is_md5_secret(secret)) {
+		free(out);
+		auth_failed(c);
+		return;
+	}
+	auth_request(c, 12, out, strlen(out));
+	free(out);
+	scram_server_free(c->scram);
+	c->scram = NULL;
+	client_login_done(c);
+}
+
+/* A password or SASL message during login. */
+static bool read_auth_message(struct client *c, struct evbuffer *in)
+{
+	uint8_t hdr[5], *body;
+	uint32_t len;
+
+	if (evbuffer_get_length(in) < 5)
+		return false;
+	evbuffer_copyout(in, hdr, 5);
+	len = pkt_get_u32(hdr + 1);
+	if (hdr[0] != 'p' || len < 4 || len > STARTUP_MAX_LEN) {
+		client_close(c, "08P01", "expected password response, got message type %d", hdr[0]);
+		return false;
+	}
+	if (evbuffer_get_length(in) < len + 1)
+		return false;
+	evbuffer_drain(in, 5);
+	body = evbuffer_pullup(in, len - 4);
+	if (c->auth_step >= 2) {
+		sasl_step(c, body, len - 4);
+	} else if (len - 4 == 0 || body[len - 5] != 0) {
+		client_close(c, "08P01", "invalid password packet");
+	} else if (!check_password(c, (const char *)body)) {
+		auth_failed(c);
+	} else {
+		client_login_done(c);
+	}
+	if (!c->closing)
+		evbuffer_drain(in, len - 4);
+	return !c->closing;
+}
+
+static void client_login_done(struct client *c)
+{
+	char ident[160];
+
+	c->auth_step = 0;
+	if (admin_is_dbname(c->dbname)) {
+		bool admin = config_list_has(rt->cf->admin_users, c->user);
+		if (!admin && !config_list_has(rt->cf->stats_users, c->user)) {
+			client_close(c, "28000", "not allowed");
+			return;
+		}
+		c->admin_full = admin;
+		TAILQ_REMOVE(&rt->login_clients, c, entry);
+		c->state = CL_ADMIN;
+		TAILQ_INSERT_TAIL(&rt->admin_clients, c, entry);
+		client_welcome(c);
+		return;
+	}
+	c->pool = pool_get(c->db, c->user, c->auth);
+	if (!c->pool) {
+		client_close(c, "08P01", "could not create pool");
+		return;
+	}
+	if (rt->cf->log_connections)
+		log_info("%s login attempt: db=%s user=%s", client_ident(c, ident, sizeof(ident)), c->dbname, c->user);
+	TAILQ_REMOVE(&rt->login_clients, c, entry);
+	c->state = CL_LOGIN;	/* transient: pool_set_client_state() puts it on its pool */
+	c->pool->stats.client_login_count++;
+	if (c->pool->welcome_ready) {
+		pool_set_client_state(c, CL_ACTIVE);
+		client_welcome(c);
+	} else {
+		pool_set_client_state(c, CL_WAITING_LOGIN);
+		bufferevent_disable(c->bev, EV_READ);
+		if (c->pool->n_login_sv == 0 && c->pool->n_idle_sv + c->pool->n_active_sv == 0)
+			server_launch(c->pool);
+	}
+}
+
+/* AuthenticationOk, the parameters, BackendKeyData and ReadyForQuery. */
+void client_welcome(struct client *c)
+{
+	struct pktbuf *pb = &rt->pb;
+	struct pool *p = c->pool;
+	bool sent[VAR_COUNT] = { false };
+
+	pkt_auth_req(pb, 0, NULL, 0);
+	for (int i = 0; p && i < p->n_welcome; i++) {
+		int id = varcache_lookup(p->welcome[i].name);
+		const char *v = p->welcome[i].value;
+		if (id >= 0) {
+			if (!c->vars.v[id])
+				varcache_set(&c->vars, (enum var_id)id, v);
+			v = c->vars.v[id];
+			sent[id] = true;
+		}
+		pkt_param_status(pb, p->welcome[i].name, v);
+	}
+	if (!p) {
+		pkt_param_status(pb, "server_version", "15.0 (lokadb " LOKADB_VERSION ")");
+		pkt_param_status(pb, "server_encoding", "UTF8");
+		pkt_param_status(pb, "client_encoding", c->vars.v[VAR_CLIENT_ENCODING] ? c->vars.v[VAR_CLIENT_ENCODING] : "UTF8");
+		pkt_param_status(pb, "DateStyle", "ISO, MDY");
+		pkt_param_status(pb, "standard_conforming_strings", "on");
+		pkt_param_status(pb, "integer_datetimes", "on");
+		pkt_param_status(pb, "TimeZone", "UTC");
+		pkt_param_status(pb, "is_superuser", "off");
+		memset(sent, 1, sizeof(sent));
+	}
+	for (int i = 0; i < VAR_COUNT; i++)
+		if (!sent[i] && c->vars.v[i])
+			pkt_param_status(pb, varcache_name((enum var_id)i), c->vars.v[i]);
+	pkt_begin(pb, 'K');
+	pkt_put_bytes(pb, c->cancel_key, 8);
+	pkt_end(pb);
+	pkt_ready(pb, 'I');
+	pkt_send(pb, bufferevent_get_output(c->bev));
+	c->request_time = now_mono();
+}
+
+/* The pool's first server logged in (or the client got one): go on. */
+void client_resume(struct client *c)
+{
+	if (c->closing || !c->bev)
+		return;
+	if (c->throttled)
+		return;
+	bufferevent_enable(c->bev, EV_READ);
+	client_process(c);
+}
+
+/* ================= after login ================= */
+
+static const char valid_frontend[] = "QPBEDCHSXdcfF";
+
+/* Move up to `n` bytes of the current message to the server. */
+static void forward_bytes(struct client *c, struct evbuffer *in, uint32_t n)
+{
+	struct server *s = c->link;
+	struct evbuffer *out = bufferevent_get_output(s->bev);
+	size_t avail = evbuffer_get_length(in);
+	uint32_t take = avail < n ? (uint32_t)avail : n;
+
+	evbuffer_remove_buffer(in, out, take);
+	c->fwd_remaining = n - take;
+	s->pool->stats.bytes_received += take;
+	if (evbuffer_get_length(out) > WRITE_HIGH_WATER) {
+		c->throttled = true;
+		bufferevent_disable(c->bev, EV_READ);
+	}
+}
+
+static void note_sent_to_server(struct client *c, char type)
+{
+	struct server *s = c->link;
+	usec_t now = now_mono();
+
+	if (!s->pend.count && s->ready) {
+		s->query_start = now;
+		if (s->txn_status == 'I')
+			s->xact_start = now;
+	}
+	s->ready = false;
+	switch (type) {
+	case 'S':
+		if (!s->copy_in)	/* PostgreSQL ignores Sync during COPY IN */
+			pend_push(&s->pend, PEND_SYNC);
+		break;
+	case 'Q':
+	case 'F':
+		pend_push(&s->pend, PEND_CLIENT);
+		break;
+	case 'c':
+	case 'f':
+		s->copy_in = false;
+		break;
+	default:
+		break;
+	}
+}
+
+/* One message of a logged-in client. Returns false to stop the loop. */
+static bool client_message(struct client *c, struct evbuffer *in)
+{
+	uint8_t hdr[5];
+	uint32_t len;
+
+	evbuffer_copyout(in, hdr, 5);
+	len = pkt_get_u32(hdr + 1);
+	if (!strchr(valid_frontend, hdr[0]) || hdr[0] == 0) {
+		client_close(c, "08P01", "invalid frontend message type %d", hdr[0]);
+		return false;
+	}
+	if (len < 4) {
+		client_close(c, "08P01", "invalid message length");
+		return false;
+	}
+	if ((int64_t)len > rt->cf->max_message_bytes) {
+		client_close(c, "08P01", "message too long: %u bytes (max_message_bytes is %lld)", len,
+			     (long long)rt->cf->max_message_bytes);
+		return false;
+	}
+	if (hdr[0] == 'X') {
+		client_close(c, NULL, NULL);
+		return false;
+	}
+	if (c->state == CL_ADMIN) {
+		char *sql;
+		if (hdr[0] != 'Q') {
+			client_close(c, "08P01", "the console supports only the simple query protocol");
+			return false;
+		}
+		if (evbuffer_get_length(in) < (size_t)len + 1)
+			return false;
+		evbuffer_drain(in, 5);
+		sql = (char *)evbuffer_pullup(in, len - 4);
+		if (len == 4 || sql[len - 5] != 0) {
+			client_close(c, "08P01", "invalid query message");
+			return false;
+		}
+		admin_handle(c, sql);
+		if (!c->closing)
+			evbuffer_drain(in, len - 4);
+		return !c->closing;
+	}
+	if (!c->link && !pool_acquire(c))
+		return false;
+	c->request_time = now_mono();
+	note_sent_to_server(c, (char)hdr[0]);
+	forward_bytes(c, in, len + 1);
+	return !c->throttled;
+}
+
+void client_process(struct client *c)
+{
+	struct evbuffer *in;
+
+	if (c->closing || !c->bev)
+		return;
+	in = bufferevent_get_input(c->bev);
+	log_noise("client %llu process state %d, %zu bytes", (unsigned long long)c->id, c->state, evbuffer_get_length(in));
+	while (!c->closing) {
+		if (c->state == CL_LOGIN) {
+			bool more = c->auth_step ? read_auth_message(c, in) : read_startup(c, in);
+			if (!more || c->state != CL_LOGIN)
+				break;
+			continue;
+		}
+		if (c->state == CL_WAITING_LOGIN || c->state == CL_WAITING)
+			break;
+		if (c->fwd_remaining) {
+			forward_bytes(c, in, c->fwd_remaining);
+			if (c->fwd_remaining || c->throttled)
+				break;
+			continue;
+		}
+		if (evbuffer_get_length(in) < 5 || !client_message(c, in))
+			break;
+	}
+}

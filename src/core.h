@@ -1,0 +1,303 @@
+/* SPDX-License-Identifier: ISC */
+/*
+ * core.h -- the objects of the pooler and the one runtime object that owns
+ * them (PgBouncer's object model; DESIGN.md section 4).
+ *
+ *   lk_runtime   the process: event base, config, lists of everything
+ *   lk_db        one [databases] entry (or an autodb made from "*")
+ *   pool         (database, client user): clients and server connections
+ *   client       a connection from an application
+ *   server       a connection to PostgreSQL, owned by exactly one pool
+ *
+ * A client and a server are linked while the server works for the client.
+ * Every client is on exactly one list: rt->login_clients while it logs in,
+ * rt->admin_clients for the console, or its pool's active/waiting list.
+ * Every server is on exactly one of its pool's lists, by state.
+ *
+ * Do not free a client or server from inside its own bufferevent callback
+ * chain without going through client_close()/server_close(): they defer the
+ * free to the end of the loop turn (rt->justfree), as PgBouncer does.
+ */
+#ifndef LOKADB_CORE_H
+#define LOKADB_CORE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/queue.h>
+#include <sys/socket.h>
+
+#include <event2/event.h>
+#include <event2/bufferevent.h>
+#include <event2/buffer.h>
+#include <event2/listener.h>
+
+#include "config.h"
+
+#ifndef TAILQ_FOREACH_SAFE
+#define TAILQ_FOREACH_SAFE(var, head, field, tvar) \
+	for ((var) = TAILQ_FIRST(head); (var) && ((tvar) = TAILQ_NEXT(var, field), 1); (var) = (tvar))
+#endif
+#include "log.h"
+#include "pktbuf.h"
+
+#define LOKADB_VERSION "0.1.0"
+#define STARTUP_MAX_LEN 10000		/* like PostgreSQL's MAX_STARTUP_PACKET_LENGTH */
+#define PROTO_CANCEL_CODE 80877102
+#define PROTO_SSL_CODE 80877103
+#define PROTO_GSSENC_CODE 80877104
+#define PROTO_V3 196608
+#define WRITE_HIGH_WATER (256 * 1024)	/* stop reading the peer above this much queued output */
+#define WRITE_LOW_WATER (64 * 1024)
+#define JANITOR_PERIOD_USEC 200000
+
+/* ParameterStatus values the pooler keeps equal between client and server. */
+enum var_id { VAR_CLIENT_ENCODING, VAR_DATESTYLE, VAR_TIMEZONE, VAR_STD_STRINGS, VAR_APPNAME, VAR_INTERVALSTYLE, VAR_COUNT };
+
+struct varcache {
+	char *v[VAR_COUNT];
+};
+
+enum client_state {
+	CL_LOGIN,		/* startup packet and authentication */
+	CL_WAITING_LOGIN,	/* authenticated, waiting for the pool's first server (welcome params) */
+	CL_ACTIVE,		/* logged in; linked to a server or idle */
+	CL_WAITING,		/* wants a server, queued in its pool */
+	CL_ADMIN,		/* console session */
+	CL_JUSTFREE,		/* closed: on no list but rt->justfree_clients */
+};
+
+enum server_state {
+	SV_LOGIN,		/* resolving, connecting or authenticating */
+	SV_IDLE,		/* ready, in the pool */
+	SV_ACTIVE,		/* linked to a client */
+	SV_TESTED,		/* running server_reset_query / check, no client */
+	SV_JUSTFREE,		/* closed: on no list but rt->justfree_servers */
+};
+
+enum pend_kind { PEND_CLIENT = 0, PEND_HIDDEN = 1, PEND_SYNC = 2 };
+
+/* FIFO of what each ReadyForQuery the server owes us answers. */
+struct pendq {
+	uint8_t *kind;
+	uint32_t head, count, cap;
+};
+
+struct lk_stats {
+	uint64_t xact_count, query_count, server_assignment_count, client_login_count;
+	uint64_t bytes_received, bytes_sent;
+	uint64_t xact_time, query_time, wait_time;	/* usec */
+};
+
+struct lk_db;
+struct pool;
+struct server;
+
+struct client {
+	TAILQ_ENTRY(client) entry;
+	uint64_t id;
+	enum client_state state;
+	struct bufferevent *bev;
+	struct pool *pool;
+	struct lk_db *db;
+	struct server *link;
+	struct sockaddr_storage addr, local;
+	char *user;
+	char *dbname;
+	struct varcache vars;
+	uint8_t cancel_key[8];
+	usec_t connect_time;		/* wall clock */
+	usec_t login_start;		/* monotonic, for client_login_timeout */
+	usec_t request_time;		/* monotonic, last message */
+	usec_t wait_start;		/* monotonic, when it began waiting */
+	uint32_t fwd_remaining;		/* bytes of the current message still to forward */
+	bool admin_full;		/* console: admin (not only stats) */
+	bool closing;
+	bool throttled;			/* reading paused because the server's output is full */
+	/* authentication */
+	int auth_step;			/* 0 none, 1 cleartext/md5 sent, 2 SASL started, 3 SASL continue */
+	uint8_t md5_salt[4];
+	struct scram_server *scram;
+	const struct auth_entry *auth;
+	char *peer_ident;
+};
+
+struct server {
+	TAILQ_ENTRY(server) entry;
+	uint64_t id;
+	enum server_state state;
+	struct bufferevent *bev;
+	struct pool *pool;
+	struct client *link;
+	struct sockaddr_storage addr;
+	socklen_t addrlen;
+	struct varcache vars;
+	uint8_t cancel_key[8];
+	int backend_pid;
+	struct pendq pend;
+	char txn_status;		/* last ReadyForQuery status */
+	bool ready;			/* nothing owed, idle in no transaction */
+	bool copy_in;
+	bool close_needed;		/* RECONNECT / config change: close when released */
+	bool closing;
+	bool connected;
+	int login_step;
+	struct scram_client *scram;
+	usec_t connect_time;		/* wall clock */
+	usec_t created;			/* monotonic */
+	usec_t last_used;		/* monotonic: last release or activity */
+	usec_t query_start, xact_start;
+	uint32_t fwd_remaining;
+	bool fwd_hidden;		/* the message being forwarded is dropped */
+	bool throttled;
+};
+
+TAILQ_HEAD(client_list, client);
+TAILQ_HEAD(server_list, server);
+
+struct lk_db {
+	TAILQ_ENTRY(lk_db) entry;
+	char *name;
+	struct db_conf conf;		/* own copy of strings */
+	bool autodb;
+	bool paused;
+	bool removed;
+	int server_count;
+	usec_t last_used;
+};
+
+struct param {
+	char *name;
+	char *value;
+};
+
+struct pool {
+	TAILQ_ENTRY(pool) entry;
+	struct lk_db *db;
+	char *user;			/* client user (pool key) */
+	char *login_user;		/* server login user */
+	char *login_password;		/* plain password or md5 secret, or NULL */
+	struct client_list active_clients, waiting_clients, login_clients;
+	struct server_list active_servers, idle_servers, tested_servers, login_servers;
+	int n_active_cl, n_waiting_cl, n_login_cl;
+	int n_active_sv, n_idle_sv, n_tested_sv, n_login_sv;
+	struct param *welcome;		/* ParameterStatus of the first server */
+	int n_welcome;
+	bool welcome_ready;
+	usec_t last_connect_fail;	/* monotonic */
+	char *last_error;
+	struct lk_stats stats, prev_stats, avg;
+	usec_t last_used;
+};
+
+TAILQ_HEAD(db_list, lk_db);
+TAILQ_HEAD(pool_list, pool);
+
+struct listener {
+	struct evconnlistener *l;
+	int fd;
+	char name[128];
+	bool is_unix;
+	char *unix_path;
+};
+
+enum shutdown_mode { SHUT_NONE, SHUT_WAIT_CLIENTS, SHUT_WAIT_SERVERS, SHUT_NOW };
+
+struct lk_runtime {
+	struct event_base *base;
+	struct lk_config *cf;
+	const char *config_path;
+	struct db_list dbs;
+	struct pool_list pools;
+	struct client_list login_clients, admin_clients, justfree_clients;
+	struct server_list justfree_servers;
+	struct listener *listeners;
+	int n_listeners;
+	struct event *janitor, *stats_timer, *justfree_ev;
+	struct event *sig_hup, *sig_term, *sig_int, *sig_quit, *sig_usr1, *sig_usr2;
+	struct dns_ctx *dns;
+	int n_clients;			/* all client connections, for max_client_conn */
+	bool paused;			/* global PAUSE */
+	enum shutdown_mode shutdown;
+	uint64_t next_id;
+	usec_t start_time;
+	bool quiet, daemon;
+	int verbose;
+	struct pktbuf pb;		/* scratch for building replies; emptied after each use */
+};
+
+extern struct lk_runtime *rt;
+
+/* util */
+usec_t now_mono(void);
+usec_t now_wall(void);
+char *xstrdup(const char *s);
+void *xcalloc(size_t n, size_t size);
+const char *addr_to_str(const struct sockaddr_storage *ss, char *buf, size_t len, int *port);
+void varcache_free(struct varcache *vc);
+void varcache_set(struct varcache *vc, enum var_id id, const char *value);
+int varcache_lookup(const char *name);
+const char *varcache_name(enum var_id id);
+
+/* pendq */
+bool pend_push(struct pendq *q, enum pend_kind k);
+int pend_pop(struct pendq *q);	/* -1 when empty */
+int pend_head(const struct pendq *q);
+void pend_free(struct pendq *q);
+
+/* client.c */
+void client_accept(int fd, const struct sockaddr *sa, int salen, bool is_unix);
+void client_process(struct client *c);
+void client_close(struct client *c, const char *sqlstate, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void client_welcome(struct client *c);
+void client_resume(struct client *c);
+const char *client_ident(const struct client *c, char *buf, size_t len);
+void client_free_now(struct client *c);
+
+/* server.c */
+struct server *server_launch(struct pool *p);
+void server_close(struct server *s, const char *reason, ...) __attribute__((format(printf, 2, 3)));
+void server_process(struct server *s);
+void server_send_hidden(struct server *s, const char *sql);
+const char *server_ident(const struct server *s, char *buf, size_t len);
+void server_free_now(struct server *s);
+void server_cancel(struct server *s);
+
+/* pool.c */
+struct lk_db *db_lookup(const char *name, bool create_auto);
+struct pool *pool_get(struct lk_db *db, const char *user, const struct auth_entry *auth);
+int pool_mode_of(const struct pool *p);
+int pool_size_of(const struct pool *p);
+bool pool_acquire(struct client *c);		/* links a server, or queues c: false */
+void pool_release(struct server *s);		/* server done with its client */
+void pool_server_ready(struct server *s);	/* login or reset finished: give it work */
+void pool_server_login_failed(struct pool *p, const char *sqlstate, const char *msg);
+void pool_client_gone(struct client *c);
+void pool_set_client_state(struct client *c, enum client_state st);
+void pool_set_server_state(struct server *s, enum server_state st);
+void pool_janitor(void);
+void pool_stats_tick(void);
+void pool_apply_config(struct lk_config *old);
+void pool_reconnect(struct lk_db *db);
+void pool_kill(struct lk_db *db);
+void pool_resume(struct lk_db *db);
+bool pool_is_paused(const struct pool *p);
+int pool_active_servers(struct lk_db *db);
+void pool_free_all(void);
+
+/* admin.c */
+void admin_handle(struct client *c, const char *sql);
+bool admin_is_dbname(const char *name);
+
+/* main.c */
+bool lokadb_reload(char *err, size_t errlen);
+void lokadb_shutdown(enum shutdown_mode mode);
+void lokadb_check_shutdown(void);
+
+/* dns.c */
+typedef void (*dns_cb)(void *arg, const struct sockaddr *sa, socklen_t len, const char *error);
+struct dns_ctx *dns_new(struct event_base *base);
+void dns_free(struct dns_ctx *d);
+void dns_resolve(struct dns_ctx *d, const char *host, int port, dns_cb cb, void *arg);
+void dns_cancel_arg(struct dns_ctx *d, void *arg);
+
+#endif

@@ -1,0 +1,657 @@
+/* SPDX-License-Identifier: ISC */
+/*
+ * pool.c -- databases, pools and the herding of clients and servers between
+ * their lists; the janitor that enforces every timeout; stats averages.
+ *
+ * A pool is (database, client user). Its server connections log in as the
+ * database's forced user or as the client user. Clients that want a server
+ * and find none idle wait in the pool's FIFO; servers that become idle go
+ * first to the oldest waiting client (pool_activate()).
+ *
+ * Idle servers are kept LIFO (the most recently used first), so that unused
+ * ones age out through server_idle_timeout.
+ */
+#include "core.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- databases ---- */
+
+static void db_conf_copy(struct db_conf *dst, const struct db_conf *src)
+{
+	*dst = *src;
+	dst->name = xstrdup(src->name);
+	dst->host = xstrdup(src->host);
+	dst->dbname = xstrdup(src->dbname);
+	dst->user = xstrdup(src->user);
+	dst->password = xstrdup(src->password);
+	dst->auth_user = xstrdup(src->auth_user);
+	dst->connect_query = xstrdup(src->connect_query);
+	dst->client_encoding = xstrdup(src->client_encoding);
+	dst->datestyle = xstrdup(src->datestyle);
+	dst->timezone = xstrdup(src->timezone);
+	dst->application_name = xstrdup(src->application_name);
+}
+
+static void db_conf_release(struct db_conf *dc)
+{
+	free(dc->name);
+	free(dc->host);
+	free(dc->dbname);
+	free(dc->user);
+	free(dc->password);
+	free(dc->auth_user);
+	free(dc->connect_query);
+	free(dc->client_encoding);
+	free(dc->datestyle);
+	free(dc->timezone);
+	free(dc->application_name);
+	memset(dc, 0, sizeof(*dc));
+}
+
+static bool str_eq(const char *a, const char *b)
+{
+	return (!a && !b) || (a && b && strcmp(a, b) == 0);
+}
+
+static bool db_conf_same_target(const struct db_conf *a, const struct db_conf *b)
+{
+	return str_eq(a->host, b->host) && a->port == b->port && str_eq(a->dbname, b->dbname) &&
+	       str_eq(a->user, b->user) && str_eq(a->password, b->password);
+}
+
+static struct lk_db *db_create(const char *name, const struct db_conf *conf, bool autodb)
+{
+	struct lk_db *db = xcalloc(1, sizeof(*db));
+	db->name = xstrdup(name);
+	db_conf_copy(&db->conf, conf);
+	db->autodb = autodb;
+	if (autodb && !db->conf.dbname)
+		db->conf.dbname = xstrdup(name);
+	db->last_used = now_mono();
+	TAILQ_INSERT_TAIL(&rt->dbs, db, entry);
+	return db;
+}
+
+struct lk_db *db_lookup(const char *name, bool create_auto)
+{
+	struct lk_db *db;
+	const struct db_conf *star;
+
+	TAILQ_FOREACH(db, &rt->dbs, entry)
+		if (!db->removed && strcmp(db->name, name) == 0)
+			return db;
+	if (!create_auto || admin_is_dbname(name))
+		return NULL;
+	star = config_find_db(rt->cf, "*");
+	return star ? db_create(name, star, true) : NULL;
+}
+
+/* ---- pools ---- */
+
+static const char *pool_password(const struct lk_db *db, const struct auth_entry *auth)
+{
+	if (db->conf.user)
+		return db->conf.password;
+	if (db->conf.password)
+		return db->conf.password;
+	return auth ? auth->secret : NULL;
+}
+
+struct pool *pool_get(struct lk_db *db, const char *user, const struct auth_entry *auth)
+{
+	struct pool *p;
+
+	TAILQ_FOREACH(p, &rt->pools, entry)
+		if (p->db == db && strcmp(p->user, user) == 0)
+			return p;
+	p = xcalloc(1, sizeof(*p));
+	p->db = db;
+	p->user = xstrdup(user);
+	p->login_user = xstrdup(db->conf.user ? db->conf.user : user);
+	p->login_password = xstrdup(pool_password(db, auth));
+	TAILQ_INIT(&p->active_clients);
+	TAILQ_INIT(&p->waiting_clients);
+	TAILQ_INIT(&p->login_clients);
+	TAILQ_INIT(&p->active_servers);
+	TAILQ_INIT(&p->idle_servers);
+	TAILQ_INIT(&p->tested_servers);
+	TAILQ_INIT(&p->login_servers);
+	p->last_used = now_mono();
+	TAILQ_INSERT_TAIL(&rt->pools, p, entry);
+	return p;
+}
+
+int pool_mode_of(const struct pool *p)
+{
+	const struct user_conf *uc = config_find_user(rt->cf, p->user);
+	if (uc && uc->pool_mode >= 0)
+		return uc->pool_mode;
+	if (p->db->conf.pool_mode >= 0)
+		return p->db->conf.pool_mode;
+	return rt->cf->pool_mode;
+}
+
+int pool_size_of(const struct pool *p)
+{
+	const struct user_conf *uc = config_find_user(rt->cf, p->user);
+	if (uc && uc->pool_size >= 0)
+		return uc->pool_size;
+	if (p->db->conf.pool_size >= 0)
+		return p->db->conf.pool_size;
+	return rt->cf->default_pool_size;
+}
+
+static int reserve_size_of(const struct pool *p)
+{
+	return p->db->conf.reserve_pool_size >= 0 ? p->db->conf.reserve_pool_size : rt->cf->reserve_pool_size;
+}
+
+static int min_size_of(const struct pool *p)
+{
+	return p->db->conf.min_pool_size >= 0 ? p->db->conf.min_pool_size : rt->cf->min_pool_size;
+}
+
+static int pool_server_total(const struct pool *p)
+{
+	return p->n_active_sv + p->n_idle_sv + p->n_tested_sv + p->n_login_sv;
+}
+
+bool pool_is_paused(const struct pool *p)
+{
+	return rt->paused || p->db->paused || rt->shutdown == SHUT_WAIT_SERVERS;
+}
+
+/* ---- list herding ---- */
+
+static void client_list_move(struct client *c, enum client_state st)
+{
+	struct pool *p = c->pool;
+
+	switch (c->state) {
+	case CL_WAITING_LOGIN: TAILQ_REMOVE(&p->login_clients, c, entry); p->n_login_cl--; break;
+	case CL_ACTIVE: TAILQ_REMOVE(&p->active_clients, c, entry); p->n_active_cl--; break;
+	case CL_WAITING: TAILQ_REMOVE(&p->waiting_clients, c, entry); p->n_waiting_cl--; break;
+	default: break;
+	}
+	switch (st) {
+	case CL_WAITING_LOGIN: TAILQ_INSERT_TAIL(&p->login_clients, c, entry); p->n_login_cl++; break;
+	case CL_ACTIVE: TAILQ_INSERT_TAIL(&p->active_clients, c, entry); p->n_active_cl++; break;
+	case CL_WAITING: TAILQ_INSERT_TAIL(&p->waiting_clients, c, entry); p->n_waiting_cl++; break;
+	default: break;
+	}
+	c->state = st;
+}
+
+void pool_set_client_state(struct client *c, enum client_state st)
+{
+	if (c->pool)
+		client_list_move(c, st);
+	else
+		c->state = st;
+}
+
+void pool_set_server_state(struct server *s, enum server_state st)
+{
+	struct pool *p = s->pool;
+
+	switch (s->state) {
+	case SV_LOGIN: TAILQ_REMOVE(&p->login_servers, s, entry); p->n_login_sv--; break;
+	case SV_IDLE: TAILQ_REMOVE(&p->idle_servers, s, entry); p->n_idle_sv--; break;
+	case SV_ACTIVE: TAILQ_REMOVE(&p->active_servers, s, entry); p->n_active_sv--; break;
+	case SV_TESTED: TAILQ_REMOVE(&p->tested_servers, s, entry); p->n_tested_sv--; break;
+	default: break;
+	}
+	switch (st) {
+	case SV_LOGIN: TAILQ_INSERT_TAIL(&p->login_servers, s, entry); p->n_login_sv++; break;
+	case SV_IDLE: TAILQ_INSERT_HEAD(&p->idle_servers, s, entry); p->n_idle_sv++; break;
+	case SV_ACTIVE: TAILQ_INSERT_TAIL(&p->active_servers, s, entry); p->n_active_sv++; break;
+	case SV_TESTED: TAILQ_INSERT_TAIL(&p->tested_servers, s, entry); p->n_tested_sv++; break;
+	default: break;
+	}
+	s->state = st;
+}
+
+/* ---- linking ---- */
+
+static void append_set(char *buf, size_t len, const char *name, const char *value)
+{
+	size_t n = strlen(buf);
+	if (n + strlen(name) + 2 * strlen(value) + 16 >= len)
+		return;
+	n += (size_t)snprintf(buf + n, len - n, "SET %s='", name);
+	for (const char *p = value; *p && n + 4 < len; p++) {
+		if (*p == '\'')
+			buf[n++] = '\'';
+		buf[n++] = *p;
+	}
+	snprintf(buf + n, len - n, "';");
+}
+
+/* Make the server's tracked parameters equal to the client's. */
+static void sync_vars(struct client *c, struct server *s)
+{
+	char sql[2048];
+
+	sql[0] = 0;
+	for (int i = 0; i < VAR_COUNT; i++) {
+		const char *want = c->vars.v[i];
+		if (!want || (s->vars.v[i] && strcmp(want, s->vars.v[i]) == 0))
+			continue;
+		append_set(sql, sizeof(sql), varcache_name((enum var_id)i), want);
+		varcache_set(&s->vars, (enum var_id)i, want);
+	}
+	if (sql[0])
+		server_send_hidden(s, sql);
+}
+
+static void pool_link(struct client *c, struct server *s)
+{
+	usec_t now = now_mono();
+
+	pool_set_server_state(s, SV_ACTIVE);
+	s->link = c;
+	c->link = s;
+	s->last_used = now;
+	c->pool->stats.server_assignment_count++;
+	if (c->state == CL_WAITING) {
+		c->pool->stats.wait_time += (uint64_t)(now - c->wait_start);
+		pool_set_client_state(c, CL_ACTIVE);
+	}
+	sync_vars(c, s);
+}
+
+static bool can_launch(struct pool *p, bool reserve)
+{
+	int limit = pool_size_of(p) + (reserve ? reserve_size_of(p) : 0);
+	int dbmax = p->db->conf.max_db_connections > 0 ? p->db->conf.max_db_connections : rt->cf->max_db_connections;
+
+	if (pool_server_total(p) >= limit)
+		return false;
+	if (dbmax > 0 && p->db->server_count >= dbmax)
+		return false;
+	if (p->last_connect_fail && now_mono() - p->last_connect_fail < rt->cf->server_login_retry && p->n_login_cl == 0)
+		return false;
+	return true;
+}
+
+bool pool_acquire(struct client *c)
+{
+	struct pool *p = c->pool;
+	struct server *s = TAILQ_FIRST(&p->idle_servers);
+
+	if (s && !pool_is_paused(p)) {
+		pool_link(c, s);
+		return true;
+	}
+	c->wait_start = now_mono();
+	pool_set_client_state(c, CL_WAITING);
+	bufferevent_disable(c->bev, EV_READ);
+	if (!pool_is_paused(p) && p->n_login_sv == 0 && can_launch(p, false))
+		server_launch(p);
+	return false;
+}
+
+/* Give idle servers to waiting clients, oldest client first. */
+static void pool_activate(struct pool *p)
+{
+	struct client *c;
+	struct server *s;
+
+	while (!pool_is_paused(p) && (c = TAILQ_FIRST(&p->waiting_clients)) && (s = TAILQ_FIRST(&p->idle_servers))) {
+		pool_link(c, s);
+		client_resume(c);
+	}
+	if (!pool_is_paused(p) && p->n_waiting_cl > p->n_login_sv && can_launch(p, false))
+		server_launch(p);
+}
+
+static bool server_expired(const struct server *s)
+{
+	usec_t life = rt->cf->server_lifetime;
+	return s->close_needed || s->pool->db->removed || (life > 0 && now_mono() - s->created > life);
+}
+
+void pool_release(struct server *s)
+{
+	struct client *c = s->link;
+	struct pool *p = s->pool;
+
+	if (c)
+		c->link = NULL;
+	s->link = NULL;
+	if (server_expired(s))
+		server_close(s, server_expired(s) && s->close_needed ? "close_needed" : "server lifetime over");
+	else
+		pool_set_server_state(s, SV_IDLE);
+	pool_activate(p);
+	if (c && !c->closing && c->state == CL_ACTIVE && evbuffer_get_length(bufferevent_get_input(c->bev)))
+		client_process(c);
+}
+
+void pool_server_ready(struct server *s)
+{
+	struct pool *p = s->pool;
+	struct client *c;
+
+	s->last_used = now_mono();
+	if (server_expired(s)) {
+		server_close(s, "close_needed");
+		pool_activate(p);
+		return;
+	}
+	pool_set_server_state(s, SV_IDLE);
+	if (!p->welcome_ready) {
+		p->welcome_ready = true;
+		p->last_connect_fail = 0;
+	}
+	while ((c = TAILQ_FIRST(&p->login_clients))) {
+		pool_set_client_state(c, CL_ACTIVE);
+		client_welcome(c);
+		client_resume(c);
+	}
+	pool_activate(p);
+}
+
+void pool_server_login_failed(struct pool *p, const char *sqlstate, const char *msg)
+{
+	struct client *c;
+
+	p->last_connect_fail = now_mono();
+	free(p->last_error);
+	p->last_error = xstrdup(msg);
+	while ((c = TAILQ_FIRST(&p->login_clients)))
+		client_close(c, sqlstate, "%s", msg);
+}
+
+/* The client is going away: settle its server and take it off the pool. */
+void pool_client_gone(struct client *c)
+{
+	struct server *s = c->link;
+	struct pool *p = c->pool;
+
+	if (!p || c->state == CL_LOGIN || c->state == CL_ADMIN || c->state == CL_JUSTFREE)
+		return;
+	c->link = NULL;
+	pool_set_client_state(c, CL_JUSTFREE);
+	if (s) {
+		s->link = NULL;
+		if (!s->ready || c->fwd_remaining) {
+			server_close(s, "client disconnected before its transaction ended");
+		} else if (rt->cf->server_reset_query && *rt->cf->server_reset_query &&
+			   (pool_mode_of(p) == POOL_SESSION || rt->cf->server_reset_query_always)) {
+			pool_set_server_state(s, SV_TESTED);
+			server_send_hidden(s, rt->cf->server_reset_query);
+		} else if (server_expired(s)) {
+			server_close(s, "server lifetime over");
+		} else {
+			pool_set_server_state(s, SV_IDLE);
+		}
+	}
+	pool_activate(p);
+	lokadb_check_shutdown();
+}
+
+/* ---- console actions ---- */
+
+static void close_servers(struct server_list *l, const char *why)
+{
+	struct server *s;
+	while ((s = TAILQ_FIRST(l)))
+		server_close(s, "%s", why);
+}
+
+void pool_reconnect(struct lk_db *db)
+{
+	struct pool *p;
+	struct server *s;
+
+	TAILQ_FOREACH(p, &rt->pools, entry) {
+		if (db && p->db != db)
+			continue;
+		TAILQ_FOREACH(s, &p->active_servers, entry)
+			s->close_needed = true;
+		TAILQ_FOREACH(s, &p->tested_servers, entry)
+			s->close_needed = true;
+		TAILQ_FOREACH(s, &p->login_servers, entry)
+			s->close_needed = true;
+		close_servers(&p->idle_servers, "RECONNECT");
+	}
+}
+
+void pool_kill(struct lk_db *db)
+{
+	struct pool *p;
+	struct client *c;
+
+	db->paused = true;
+	TAILQ_FOREACH(p, &rt->pools, entry) {
+		if (p->db != db)
+			continue;
+		while ((c = TAILQ_FIRST(&p->active_clients)))
+			client_close(c, "57P01", "database \"%s\" was killed by the administrator", db->name);
+		while ((c = TAILQ_FIRST(&p->waiting_clients)))
+			client_close(c, "57P01", "database \"%s\" was killed by the administrator", db->name);
+		while ((c = TAILQ_FIRST(&p->login_clients)))
+			client_close(c, "57P01", "database \"%s\" was killed by the administrator", db->name);
+		close_servers(&p->idle_servers, "KILL");
+		close_servers(&p->tested_servers, "KILL");
+		close_servers(&p->login_servers, "KILL");
+		close_servers(&p->active_servers, "KILL");
+	}
+}
+
+void pool_resume(struct lk_db *db)
+{
+	struct pool *p;
+
+	if (db)
+		db->paused = false;
+	else
+		rt->paused = false;
+	TAILQ_FOREACH(p, &rt->pools, entry)
+		pool_activate(p);
+}
+
+int pool_active_servers(struct lk_db *db)
+{
+	struct pool *p;
+	int n = 0;
+	TAILQ_FOREACH(p, &rt->pools, entry)
+		if (!db || p->db == db)
+			n += p->n_active_sv + p->n_tested_sv;
+	return n;
+}
+
+/* ---- reload ---- */
+
+void pool_apply_config(struct lk_config *old)
+{
+	struct lk_db *db;
+	struct pool *p;
+	(void)old;
+
+	TAILQ_FOREACH(db, &rt->dbs, entry) {
+		const struct db_conf *nc = config_find_db(rt->cf, db->autodb ? "*" : db->name);
+		if (!nc) {
+			db->removed = true;
+			pool_reconnect(db);
+			continue;
+		}
+		db->removed = false;
+		if (!db_conf_same_target(&db->conf, nc) && !(db->autodb && str_eq(nc->host, db->conf.host) && nc->port == db->conf.port))
+			pool_reconnect(db);
+		{
+			char *autoname = db->autodb ? xstrdup(db->name) : NULL;
+			db_conf_release(&db->conf);
+			db_conf_copy(&db->conf, nc);
+			if (autoname && !db->conf.dbname)
+				db->conf.dbname = autoname;
+			else
+				free(autoname);
+		}
+	}
+	for (int i = 0; i < rt->cf->n_dbs; i++) {
+		const struct db_conf *dc = &rt->cf->dbs[i];
+		if (strcmp(dc->name, "*") != 0 && !db_lookup(dc->name, false))
+			db_create(dc->name, dc, false);
+	}
+	TAILQ_FOREACH(p, &rt->pools, entry) {
+		const struct auth_entry *ae = config_find_auth(rt->cf, p->user);
+		const char *pw = pool_password(p->db, ae);
+		if (!str_eq(pw, p->login_password)) {
+			free(p->login_password);
+			p->login_password = xstrdup(pw);
+		}
+		if (!p->db->conf.user || strcmp(p->login_user, p->db->conf.user) != 0) {
+			const char *lu = p->db->conf.user ? p->db->conf.user : p->user;
+			if (strcmp(lu, p->login_user) != 0) {
+				free(p->login_user);
+				p->login_user = xstrdup(lu);
+			}
+		}
+		pool_activate(p);
+	}
+}
+
+/* ---- janitor ---- */
+
+static void janitor_clients(struct pool *p, usec_t now)
+{
+	struct client *c, *tmp;
+	const struct lk_config *cf = rt->cf;
+
+	TAILQ_FOREACH_SAFE(c, &p->login_clients, entry, tmp)
+		if (cf->client_login_timeout > 0 && now - c->login_start > cf->client_login_timeout)
+			client_close(c, "57014", "client_login_timeout (server down)");
+	TAILQ_FOREACH_SAFE(c, &p->waiting_clients, entry, tmp)
+		if (cf->query_wait_timeout > 0 && now - c->wait_start > cf->query_wait_timeout)
+			client_close(c, "57014", "query_wait_timeout");
+	TAILQ_FOREACH_SAFE(c, &p->active_clients, entry, tmp) {
+		struct server *s = c->link;
+		usec_t idle = now - c->request_time;
+		if (s && s->ready == false && s->pend.count)
+			continue;	/* a query is running */
+		if (s && s->txn_status != 'I' && cf->idle_transaction_timeout > 0 && idle > cf->idle_transaction_timeout &&
+		    !s->pend.count)
+			client_close(c, "25P03", "idle transaction timeout");
+		else if (cf->client_idle_timeout > 0 && idle > cf->client_idle_timeout && (!s || s->ready))
+			client_close(c, "57P05", "client_idle_timeout");
+	}
+}
+
+static void janitor_servers(struct pool *p, usec_t now)
+{
+	struct server *s, *tmp;
+	const struct lk_config *cf = rt->cf;
+
+	TAILQ_FOREACH_SAFE(s, &p->idle_servers, entry, tmp) {
+		if (server_expired(s))
+			server_close(s, s->close_needed ? "close_needed" : "server lifetime over");
+		else if (cf->server_idle_timeout > 0 && now - s->last_used > cf->server_idle_timeout &&
+			 pool_server_total(p) > min_size_of(p))
+			server_close(s, "server idle timeout");
+	}
+	TAILQ_FOREACH_SAFE(s, &p->login_servers, entry, tmp) {
+		if (cf->server_connect_timeout > 0 && now - s->created > cf->server_connect_timeout) {
+			pool_server_login_failed(p, "08001", "server_connect_timeout");
+			server_close(s, "server_connect_timeout");
+		}
+	}
+}
+
+static void janitor_launch(struct pool *p, usec_t now)
+{
+	struct client *c = TAILQ_FIRST(&p->waiting_clients);
+
+	if (pool_is_paused(p) || p->db->removed)
+		return;
+	if (c && p->n_login_sv == 0 && can_launch(p, false)) {
+		server_launch(p);
+		return;
+	}
+	if (c && now - c->wait_start > rt->cf->reserve_pool_timeout && p->n_login_sv == 0 && can_launch(p, true)) {
+		log_info("pool %s/%s: taking a connection from the reserve pool", p->db->name, p->user);
+		server_launch(p);
+		return;
+	}
+	if (pool_server_total(p) < min_size_of(p) && can_launch(p, false) && p->n_login_sv == 0)
+		server_launch(p);
+}
+
+void pool_janitor(void)
+{
+	struct pool *p;
+	struct client *c, *tmp;
+	usec_t now = now_mono();
+
+	TAILQ_FOREACH_SAFE(c, &rt->login_clients, entry, tmp)
+		if (rt->cf->client_login_timeout > 0 && now - c->login_start > rt->cf->client_login_timeout)
+			client_close(c, "57014", "client_login_timeout");
+	TAILQ_FOREACH(p, &rt->pools, entry) {
+		janitor_clients(p, now);
+		janitor_servers(p, now);
+		janitor_launch(p, now);
+	}
+	lokadb_check_shutdown();
+}
+
+/* ---- stats ---- */
+
+void pool_stats_tick(void)
+{
+	struct pool *p;
+	double secs = (double)rt->cf->stats_period / USEC;
+
+	if (secs <= 0)
+		secs = 1;
+	TAILQ_FOREACH(p, &rt->pools, entry) {
+		struct lk_stats *cur = &p->stats, *prev = &p->prev_stats, *avg = &p->avg;
+		uint64_t dx = cur->xact_count - prev->xact_count, dq = cur->query_count - prev->query_count;
+		avg->xact_count = (uint64_t)(dx / secs);
+		avg->query_count = (uint64_t)(dq / secs);
+		avg->bytes_received = (uint64_t)((cur->bytes_received - prev->bytes_received) / secs);
+		avg->bytes_sent = (uint64_t)((cur->bytes_sent - prev->bytes_sent) / secs);
+		avg->xact_time = dx ? (cur->xact_time - prev->xact_time) / dx : 0;
+		avg->query_time = dq ? (cur->query_time - prev->query_time) / dq : 0;
+		avg->wait_time = dq ? (cur->wait_time - prev->wait_time) / dq : 0;
+		avg->server_assignment_count = (uint64_t)((cur->server_assignment_count - prev->server_assignment_count) / secs);
+		avg->client_login_count = (uint64_t)((cur->client_login_count - prev->client_login_count) / secs);
+		if (rt->cf->log_stats && (dx || dq))
+			log_info("stats: %s/%s %llu xacts/s, %llu queries/s, in %llu B/s, out %llu B/s, xact %llu us, query %llu us, wait %llu us",
+				 p->db->name, p->user, (unsigned long long)avg->xact_count, (unsigned long long)avg->query_count,
+				 (unsigned long long)avg->bytes_received, (unsigned long long)avg->bytes_sent,
+				 (unsigned long long)avg->xact_time, (unsigned long long)avg->query_time,
+				 (unsigned long long)avg->wait_time);
+		*prev = *cur;
+	}
+}
+
+/* ---- teardown ---- */
+
+void pool_free_all(void)
+{
+	struct pool *p;
+	struct lk_db *db;
+
+	while ((p = TAILQ_FIRST(&rt->pools))) {
+		TAILQ_REMOVE(&rt->pools, p, entry);
+		for (int i = 0; i < p->n_welcome; i++) {
+			free(p->welcome[i].name);
+			free(p->welcome[i].value);
+		}
+		free(p->welcome);
+		free(p->user);
+		free(p->login_user);
+		free(p->login_password);
+		free(p->last_error);
+		free(p);
+	}
+	while ((db = TAILQ_FIRST(&rt->dbs))) {
+		TAILQ_REMOVE(&rt->dbs, db, entry);
+		db_conf_release(&db->conf);
+		free(db->name);
+		free(db);
+	}
+}

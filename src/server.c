@@ -1,0 +1,618 @@
+/* SPDX-License-Identifier: ISC */
+/*
+ * server.c -- connections to PostgreSQL: connect (through dns.c), log in
+ * (trust, cleartext, md5, SCRAM-SHA-256), then relay the server's replies to
+ * the linked client.
+ *
+ * The server owes one ReadyForQuery per Query/Sync/FunctionCall the client
+ * sent (s->pend, see client.c note_sent_to_server()). Replies to queries the
+ * pooler sent itself (parameter SETs, server_reset_query) are PEND_HIDDEN:
+ * everything up to their ReadyForQuery is dropped. When nothing is owed and
+ * the transaction status is idle, the server is `ready` and the pool may
+ * take it back (transaction mode) or keep it linked (session mode).
+ *
+ * Large replies (DataRow, CopyData) are moved to the client a piece at a time
+ * without buffering whole messages.
+ */
+#include "core.h"
+#include "scram.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/un.h>
+
+#include <event2/util.h>
+
+static void server_read_cb(struct bufferevent *bev, void *arg);
+static void server_write_cb(struct bufferevent *bev, void *arg);
+static void server_event_cb(struct bufferevent *bev, short what, void *arg);
+
+const char *server_ident(const struct server *s, char *buf, size_t len)
+{
+	const struct db_conf *dc = &s->pool->db->conf;
+	snprintf(buf, len, "S-%llu: %s/%s@%s:%d", (unsigned long long)s->id, s->pool->db->name,
+		 s->pool->login_user, dc->host ? dc->host : "unix", dc->port > 0 ? dc->port : 5432);
+	return buf;
+}
+
+/* ---- connecting ---- */
+
+static void server_start_login(struct server *s)
+{
+	struct pktbuf *pb = &rt->pb;
+	const struct db_conf *dc = &s->pool->db->conf;
+
+	pkt_begin(pb, 0);
+	pkt_put_int32(pb, PROTO_V3);
+	pkt_put_string(pb, "user");
+	pkt_put_string(pb, s->pool->login_user);
+	pkt_put_string(pb, "database");
+	pkt_put_string(pb, dc->dbname ? dc->dbname : s->pool->db->name);
+	pkt_put_byte(pb, 0);
+	pkt_end(pb);
+	pkt_send(pb, bufferevent_get_output(s->bev));
+}
+
+static void server_connect_addr(struct server *s, const struct sockaddr *sa, socklen_t len)
+{
+	int on = 1;
+
+	memcpy(&s->addr, sa, len);
+	s->addrlen = len;
+	s->bev = bufferevent_socket_new(rt->base, -1, BEV_OPT_CLOSE_ON_FREE);
+	if (!s->bev) {
+		server_close(s, "out of memory");
+		return;
+	}
+	bufferevent_setcb(s->bev, server_read_cb, server_write_cb, server_event_cb, s);
+	bufferevent_setwatermark(s->bev, EV_WRITE, WRITE_LOW_WATER, 0);
+	if (bufferevent_socket_connect(s->bev, (struct sockaddr *)&s->addr, (int)len) < 0) {
+		pool_server_login_failed(s->pool, "08001", "could not connect to server");
+		server_close(s, "connect failed: %s", strerror(errno));
+		return;
+	}
+	if (sa->sa_family != AF_UNIX)
+		setsockopt(bufferevent_getfd(s->bev), IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
+	bufferevent_enable(s->bev, EV_READ);
+}
+
+static void server_dns_done(void *arg, const struct sockaddr *sa, socklen_t len, const char *error)
+{
+	struct server *s = arg;
+	char msg[256];
+
+	if (error) {
+		snprintf(msg, sizeof(msg), "could not translate host name \"%s\" to address: %s",
+			 s->pool->db->conf.host, error);
+		pool_server_login_failed(s->pool, "08001", msg);
+		server_close(s, "%s", msg);
+		return;
+	}
+	server_connect_addr(s, sa, len);
+}
+
+struct server *server_launch(struct pool *p)
+{
+	struct server *s = xcalloc(1, sizeof(*s));
+	const struct db_conf *dc = &p->db->conf;
+	int port = dc->port > 0 ? dc->port : 5432;
+	char ident[160];
+
+	s->id = ++rt->next_id;
+	s->pool = p;
+	s->state = SV_LOGIN;
+	s->connect_time = now_wall();
+	s->created = s->last_used = now_mono();
+	s->txn_status = 'I';
+	TAILQ_INSERT_TAIL(&p->login_servers, s, entry);
+	p->n_login_sv++;
+	p->db->server_count++;
+	log_debug("%s new connection to server", server_ident(s, ident, sizeof(ident)));
+	if (!dc->host || dc->host[0] == '/') {
+		struct sockaddr_un un;
+		memset(&un, 0, sizeof(un));
+		un.sun_family = AF_UNIX;
+		snprintf(un.sun_path, sizeof(un.sun_path), "%s/.s.PGSQL.%d",
+			 dc->host ? dc->host : "/var/run/postgresql", port);
+		server_connect_addr(s, (struct sockaddr *)&un, sizeof(un));
+	} else {
+		dns_resolve(rt->dns, dc->host, port, server_dns_done, s);
+	}
+	return s;
+}
+
+/* ---- closing ---- */
+
+void server_close(struct server *s, const char *reason, ...)
+{
+	char msg[512], ident[160];
+	struct client *c = s->link;
+	va_list ap;
+
+	if (s->closing)
+		return;
+	s->closing = true;
+	va_start(ap, reason);
+	vsnprintf(msg, sizeof(msg), reason, ap);
+	va_end(ap);
+	if (rt->cf->log_disconnections || s->state == SV_LOGIN)
+		log_info("%s closing because: %s", server_ident(s, ident, sizeof(ident)), msg);
+	dns_cancel_arg(rt->dns, s);
+	if (c) {
+		c->link = NULL;
+		s->link = NULL;
+		client_close(c, "08006", "server conn crashed? (%s)", msg);
+	}
+	pool_set_server_state(s, SV_JUSTFREE);
+	s->pool->db->server_count--;
+	server_free_now(s);
+}
+
+void server_free_now(struct server *s)
+{
+	if (s->bev) {
+		bufferevent_free(s->bev);
+		s->bev = NULL;
+	}
+	TAILQ_INSERT_TAIL(&rt->justfree_servers, s, entry);
+	event_active(rt->justfree_ev, EV_TIMEOUT, 0);
+}
+
+static void server_event_cb(struct bufferevent *bev, short what, void *arg)
+{
+	struct server *s = arg;
+	(void)bev;
+	if (what & BEV_EVENT_CONNECTED) {
+		s->connected = true;
+		server_start_login(s);
+		return;
+	}
+	if (s->state == SV_LOGIN) {
+		char msg[256];
+		snprintf(msg, sizeof(msg), "could not connect to server: %s",
+			 (what & BEV_EVENT_EOF) ? "server closed the connection" :
+			 evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+		pool_server_login_failed(s->pool, "08001", msg);
+		server_close(s, "%s", msg);
+		return;
+	}
+	if (what & BEV_EVENT_EOF)
+		server_close(s, "server closed the connection unexpectedly");
+	else if (what & BEV_EVENT_ERROR)
+		server_close(s, "server socket error: %s", evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+}
+
+static void server_write_cb(struct bufferevent *bev, void *arg)
+{
+	struct server *s = arg;
+	struct client *c = s->link;
+	(void)bev;
+	if (c && c->throttled && !c->closing) {
+		c->throttled = false;
+		bufferevent_enable(c->bev, EV_READ);
+		client_process(c);
+	}
+}
+
+static void server_read_cb(struct bufferevent *bev, void *arg)
+{
+	(void)bev;
+	server_process(arg);
+}
+
+/* ---- login ---- */
+
+static void send_password_msg(struct server *s, const void *data, size_t len)
+{
+	pkt_begin(&rt->pb, 'p');
+	pkt_put_bytes(&rt->pb, data, len);
+	pkt_end(&rt->pb);
+	pkt_send(&rt->pb, bufferevent_get_output(s->bev));
+}
+
+static bool login_auth(struct server *s, const uint8_t *body, uint32_t len)
+{
+	const char *pw = s->pool->login_password;
+	char err[128], *out = NULL, md5[36], m[36];
+	int32_t code;
+
+	if (len < 4)
+		return false;
+	code = (int32_t)pkt_get_u32(body);
+	switch (code) {
+	case 0:
+		return true;
+	case 3:
+		if (!pw || scram_is_md5_secret(pw) || scram_is_scram_secret(pw))
+			goto nopw;
+		send_password_msg(s, pw, strlen(pw) + 1);
+		return true;
+	case 5:
+		if (!pw || len < 8 || scram_is_scram_secret(pw))
+			goto nopw;
+		if (!scram_is_md5_secret(pw)) {
+			scram_md5_secret(s->pool->login_user, pw, m);
+			pw = m;
+		}
+		scram_md5_answer(pw, body + 4, md5);
+		send_password_msg(s, md5, strlen(md5) + 1);
+		return true;
+	case 10:
+		if (!pw || scram_is_md5_secret(pw) || scram_is_scram_secret(pw))
+			goto nopw;
+		s->scram = scram_client_new(pw);
+		out = s->scram ? scram_client_first(s->scram) : NULL;
+		if (!out)
+			goto oom;
+		pkt_begin(&rt->pb, 'p');
+		pkt_put_string(&rt->pb, "SCRAM-SHA-256");
+		pkt_put_int32(&rt->pb, (int32_t)strlen(out));
+		pkt_put_bytes(&rt->pb, out, strlen(out));
+		pkt_end(&rt->pb);
+		pkt_send(&rt->pb, bufferevent_get_output(s->bev));
+		free(out);
+		return true;
+	case 11:
+		if (!s->scram || !scram_client_final(s->scram, (const char *)body + 4, len - 4, &out, err, sizeof(err)))
+			goto scram_fail;
+		send_password_msg(s, out, strlen(out));
+		free(out);
+		return true;
+	case 12:
+		if (!s->scram || !scram_client_verify(s->scram, (const char *)body + 4, len - 4, err, sizeof(err)))
+			goto scram_fail;
+		scram_client_free(s->scram);
+		s->scram = NULL;
+		return true;
+	default:
+		pool_server_login_failed(s->pool, "08P01", "server asked for an unsupported authentication method");
+		server_close(s, "unsupported authentication request %d", code);
+		return false;
+	}
+nopw:
+	pool_server_login_failed(s->pool, "08P01", "no password available for server login; set password= in [databases] or a plain/md5 secret in auth_file");
+	server_close(s, "server login failed: no usable password for user %s", s->pool->login_user);
+	return false;
+scram_fail:
+	pool_server_login_failed(s->pool, "08P01", "SCRAM authentication with the server failed");
+	server_close(s, "server login failed: %s", err);
+	return false;
+oom:
+	server_close(s, "out of memory");
+	return false;
+}
+
+static void remember_param(struct server *s, const uint8_t *body, uint32_t len)
+{
+	const char *name = (const char *)body;
+	const char *val;
+	size_t nl = strnlen(name, len);
+	int id;
+
+	if (nl + 1 >= len)
+		return;
+	val = name + nl + 1;
+	if (strnlen(val, len - nl - 1) == len - nl - 1)
+		return;
+	id = varcache_lookup(name);
+	if (id >= 0)
+		varcache_set(&s->vars, (enum var_id)id, val);
+	if (s->state == SV_LOGIN && !s->pool->welcome_ready) {
+		struct pool *p = s->pool;
+		struct param *np = realloc(p->welcome, sizeof(*np) * (size_t)(p->n_welcome + 1));
+		if (!np)
+			return;
+		p->welcome = np;
+		np[p->n_welcome].name = xstrdup(name);
+		np[p->n_welcome].value = xstrdup(val);
+		p->n_welcome++;
+	}
+}
+
+static void error_fields(const uint8_t *body, uint32_t len, const char **code, const char **msg)
+{
+	const char *p = (const char *)body, *end = (const char *)body + len;
+	*code = "08P01";
+	*msg = "server error";
+	while (p < end && *p) {
+		char f = *p++;
+		size_t n = strnlen(p, (size_t)(end - p));
+		if (n == (size_t)(end - p))
+			break;
+		if (f == 'C')
+			*code = p;
+		else if (f == 'M')
+			*msg = p;
+		p += n + 1;
+	}
+}
+
+/* One whole message while logging in. */
+static void login_message(struct server *s, char type, const uint8_t *body, uint32_t len)
+{
+	const char *code, *msg;
+	char ident[160];
+
+	switch (type) {
+	case 'R':
+		login_auth(s, body, len);
+		break;
+	case 'S':
+		remember_param(s, body, len);
+		break;
+	case 'K':
+		if (len >= 8) {
+			memcpy(s->cancel_key, body, 8);
+			s->backend_pid = (int)pkt_get_u32(body);
+		}
+		break;
+	case 'E':
+		error_fields(body, len, &code, &msg);
+		log_warning("%s server login failed: %s", server_ident(s, ident, sizeof(ident)), msg);
+		pool_server_login_failed(s->pool, code, msg);
+		server_close(s, "server login failed: %s", msg);
+		break;
+	case 'Z':
+		s->txn_status = len ? (char)body[0] : 'I';
+		s->ready = true;
+		if (s->pool->db->conf.connect_query) {
+			server_send_hidden(s, s->pool->db->conf.connect_query);
+			pool_set_server_state(s, SV_TESTED);
+			break;
+		}
+		pool_server_ready(s);
+		break;
+	default:
+		break;	/* NoticeResponse, NegotiateProtocolVersion */
+	}
+}
+
+/* ---- relaying ---- */
+
+/* Queue a query whose replies are dropped (SETs, reset, connect_query). */
+void server_send_hidden(struct server *s, const char *sql)
+{
+	pkt_query(&rt->pb, sql);
+	pkt_send(&rt->pb, bufferevent_get_output(s->bev));
+	pend_push(&s->pend, PEND_HIDDEN);
+	s->ready = false;
+}
+
+static void move_bytes(struct server *s, struct evbuffer *in, uint32_t n)
+{
+	size_t avail = evbuffer_get_length(in);
+	uint32_t take = avail < n ? (uint32_t)avail : n;
+	struct client *c = s->link;
+
+	if (s->fwd_hidden || !c || c->closing) {
+		evbuffer_drain(in, take);
+	} else {
+		struct evbuffer *out = bufferevent_get_output(c->bev);
+		evbuffer_remove_buffer(in, out, take);
+		s->pool->stats.bytes_sent += take;
+		if (evbuffer_get_length(out) > WRITE_HIGH_WATER) {
+			s->throttled = true;
+			bufferevent_disable(s->bev, EV_READ);
+		}
+	}
+	s->fwd_remaining = n - take;
+}
+
+static void account_rfq(struct server *s, char status)
+{
+	struct lk_stats *st = &s->pool->stats;
+	usec_t now = now_mono();
+
+	st->query_count++;
+	st->query_time += (uint64_t)(now - s->query_start);
+	s->query_start = now;
+	if (status == 'I') {
+		st->xact_count++;
+		st->xact_time += (uint64_t)(now - s->xact_start);
+	}
+	if (s->txn_status == 'I' && status != 'I')
+		s->xact_start = now;
+}
+
+static void server_became_ready(struct server *s)
+{
+	struct client *c = s->link;
+
+	s->last_used = now_mono();
+	if (s->state == SV_TESTED) {
+		pool_server_ready(s);
+		return;
+	}
+	if (!c)
+		return;
+	if (pool_mode_of(s->pool) != POOL_SESSION)
+		pool_release(s);
+}
+
+/* ReadyForQuery: 6 bytes are in `in`. */
+static void handle_rfq(struct server *s, struct evbuffer *in, const uint8_t *hdr)
+{
+	int kind = pend_pop(&s->pend);
+	char status = (char)hdr[5];
+	struct client *c = s->link;
+
+	s->fwd_hidden = kind == PEND_HIDDEN || kind < 0;
+	if (kind == PEND_CLIENT || kind == PEND_SYNC)
+		account_rfq(s, status);
+	s->txn_status = status;
+	move_bytes(s, in, 6);
+	if (s->pend.count || status != 'I' || s->copy_in) {
+		if (c && status != 'I' && pool_mode_of(s->pool) == POOL_STATEMENT && !s->pend.count)
+			client_close(c, "08P01", "transaction blocks not allowed in statement pooling mode");
+		return;
+	}
+	s->ready = true;
+	server_became_ready(s);
+}
+
+/* A message the pooler reads whole; returns false when it is not all here. */
+static bool inspect_message(struct server *s, struct evbuffer *in, const uint8_t *hdr, uint32_t len)
+{
+	const uint8_t *body;
+	char type = (char)hdr[0];
+
+	if (evbuffer_get_length(in) < (size_t)len + 1)
+		return false;
+	body = evbuffer_pullup(in, len + 1) + 5;
+	if (type == 'S') {
+		remember_param(s, body, len - 4);
+		if (s->link && !s->fwd_hidden) {
+			int id = varcache_lookup((const char *)body);
+			if (id >= 0)
+				varcache_set(&s->link->vars, (enum var_id)id, s->vars.v[id]);
+		}
+	} else if (type == 'E' && s->fwd_hidden) {
+		const char *code, *msg;
+		char ident[160];
+		error_fields(body, len - 4, &code, &msg);
+		log_warning("%s query of the pooler failed: %s (%s)", server_ident(s, ident, sizeof(ident)), msg, code);
+	}
+	move_bytes(s, in, len + 1);
+	return true;
+}
+
+static bool server_message(struct server *s, struct evbuffer *in)
+{
+	uint8_t hdr[6];
+	uint32_t len;
+	char type;
+
+	if (evbuffer_copyout(in, hdr, 5) < 5)
+		return false;
+	type = (char)hdr[0];
+	len = pkt_get_u32(hdr + 1);
+	if (len < 4) {
+		server_close(s, "invalid message length from server");
+		return false;
+	}
+	s->fwd_hidden = pend_head(&s->pend) == PEND_HIDDEN;
+	switch (type) {
+	case 'Z':
+		if (len != 5) {
+			server_close(s, "invalid ReadyForQuery from server");
+			return false;
+		}
+		if (evbuffer_copyout(in, hdr, 6) < 6)
+			return false;
+		handle_rfq(s, in, hdr);
+		return true;
+	case 'G':
+		s->copy_in = true;
+		/* a COPY started by Execute: PostgreSQL ignores the Sync already sent */
+		if (pend_head(&s->pend) == PEND_SYNC)
+			pend_pop(&s->pend);
+		break;
+	case 'S':
+	case 'E':
+		return inspect_message(s, in, hdr, len);
+	default:
+		break;
+	}
+	move_bytes(s, in, len + 1);
+	return true;
+}
+
+static void login_step(struct server *s, struct evbuffer *in)
+{
+	uint8_t hdr[5];
+	uint32_t len;
+
+	while (!s->closing && s->state == SV_LOGIN && evbuffer_get_length(in) >= 5) {
+		evbuffer_copyout(in, hdr, 5);
+		len = pkt_get_u32(hdr + 1);
+		if (len < 4 || len > STARTUP_MAX_LEN * 100) {
+			pool_server_login_failed(s->pool, "08P01", "invalid message from server during login");
+			server_close(s, "invalid message during login");
+			return;
+		}
+		if (evbuffer_get_length(in) < (size_t)len + 1)
+			return;
+		login_message(s, (char)hdr[0], evbuffer_pullup(in, len + 1) + 5, len - 4);
+		if (s->bev)
+			evbuffer_drain(in, len + 1);
+	}
+}
+
+void server_process(struct server *s)
+{
+	struct evbuffer *in;
+
+	if (s->closing || !s->bev)
+		return;
+	in = bufferevent_get_input(s->bev);
+	while (!s->closing && !s->throttled) {
+		if (s->state == SV_LOGIN) {
+			login_step(s, in);
+			if (s->state == SV_LOGIN)
+				break;
+			continue;
+		}
+		if (s->fwd_remaining) {
+			move_bytes(s, in, s->fwd_remaining);
+			if (s->fwd_remaining)
+				break;
+			continue;
+		}
+		if (evbuffer_get_length(in) < 5 || !server_message(s, in))
+			break;
+	}
+}
+
+/* ---- cancel ---- */
+
+struct cancel_req {
+	struct bufferevent *bev;
+};
+
+static void cancel_event_cb(struct bufferevent *bev, short what, void *arg)
+{
+	struct cancel_req *cr = arg;
+	if (what & BEV_EVENT_CONNECTED)
+		return;
+	bufferevent_free(bev);
+	free(cr);
+}
+
+static void cancel_write_cb(struct bufferevent *bev, void *arg)
+{
+	(void)bev;
+	(void)arg;	/* sent; PostgreSQL closes the connection, seen in cancel_event_cb */
+}
+
+void server_cancel(struct server *s)
+{
+	struct cancel_req *cr;
+	uint8_t pkt[16];
+
+	if (!s->addrlen || !s->backend_pid)
+		return;
+	cr = xcalloc(1, sizeof(*cr));
+	cr->bev = bufferevent_socket_new(rt->base, -1, BEV_OPT_CLOSE_ON_FREE);
+	if (!cr->bev) {
+		free(cr);
+		return;
+	}
+	pkt[0] = 0; pkt[1] = 0; pkt[2] = 0; pkt[3] = 16;
+	pkt[4] = (PROTO_CANCEL_CODE >> 24) & 0xff;
+	pkt[5] = (PROTO_CANCEL_CODE >> 16) & 0xff;
+	pkt[6] = (PROTO_CANCEL_CODE >> 8) & 0xff;
+	pkt[7] = PROTO_CANCEL_CODE & 0xff;
+	memcpy(pkt + 8, s->cancel_key, 8);
+	bufferevent_setcb(cr->bev, NULL, cancel_write_cb, cancel_event_cb, cr);
+	bufferevent_write(cr->bev, pkt, sizeof(pkt));
+	bufferevent_enable(cr->bev, EV_READ);
+	if (bufferevent_socket_connect(cr->bev, (struct sockaddr *)&s->addr, (int)s->addrlen) < 0) {
+		bufferevent_free(cr->bev);
+		free(cr);
+	}
+}

@@ -1,0 +1,150 @@
+/* SPDX-License-Identifier: ISC */
+/*
+ * util.c -- small shared helpers of the core: clocks, allocation, address
+ * formatting, the ParameterStatus variable cache and the pending-reply FIFO.
+ *
+ * The varcache owns its strings. The pendq is a growable ring; one byte per
+ * ReadyForQuery the server owes.
+ */
+#include "core.h"
+
+#include <arpa/inet.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/un.h>
+#include <time.h>
+
+usec_t now_mono(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (usec_t)ts.tv_sec * USEC + ts.tv_nsec / 1000;
+}
+
+usec_t now_wall(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (usec_t)ts.tv_sec * USEC + ts.tv_nsec / 1000;
+}
+
+char *xstrdup(const char *s)
+{
+	char *r;
+	if (!s)
+		return NULL;
+	r = strdup(s);
+	if (!r) {
+		log_fatal("out of memory");
+		abort();
+	}
+	return r;
+}
+
+void *xcalloc(size_t n, size_t size)
+{
+	void *p = calloc(n, size);
+	if (!p) {
+		log_fatal("out of memory");
+		abort();
+	}
+	return p;
+}
+
+const char *addr_to_str(const struct sockaddr_storage *ss, char *buf, size_t len, int *port)
+{
+	*port = 0;
+	buf[0] = 0;
+	if (ss->ss_family == AF_INET) {
+		const struct sockaddr_in *in = (const struct sockaddr_in *)ss;
+		inet_ntop(AF_INET, &in->sin_addr, buf, len);
+		*port = ntohs(in->sin_port);
+	} else if (ss->ss_family == AF_INET6) {
+		const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)ss;
+		inet_ntop(AF_INET6, &in6->sin6_addr, buf, len);
+		*port = ntohs(in6->sin6_port);
+	} else if (ss->ss_family == AF_UNIX) {
+		snprintf(buf, len, "unix");
+	}
+	return buf;
+}
+
+/* ---- varcache ---- */
+
+static const char *const var_names[VAR_COUNT] = {
+	"client_encoding", "DateStyle", "TimeZone", "standard_conforming_strings",
+	"application_name", "IntervalStyle",
+};
+
+const char *varcache_name(enum var_id id)
+{
+	return var_names[id];
+}
+
+int varcache_lookup(const char *name)
+{
+	for (int i = 0; i < VAR_COUNT; i++)
+		if (strcasecmp(var_names[i], name) == 0)
+			return i;
+	return -1;
+}
+
+void varcache_set(struct varcache *vc, enum var_id id, const char *value)
+{
+	if (vc->v[id] && value && strcmp(vc->v[id], value) == 0)
+		return;
+	free(vc->v[id]);
+	vc->v[id] = xstrdup(value);
+}
+
+void varcache_free(struct varcache *vc)
+{
+	for (int i = 0; i < VAR_COUNT; i++) {
+		free(vc->v[i]);
+		vc->v[i] = NULL;
+	}
+}
+
+/* ---- pending replies ---- */
+
+bool pend_push(struct pendq *q, enum pend_kind k)
+{
+	if (q->count == q->cap) {
+		uint32_t ncap = q->cap ? q->cap * 2 : 16;
+		uint8_t *n = malloc(ncap);
+		if (!n)
+			return false;
+		for (uint32_t i = 0; i < q->count; i++)
+			n[i] = q->kind[(q->head + i) % q->cap];
+		free(q->kind);
+		q->kind = n;
+		q->cap = ncap;
+		q->head = 0;
+	}
+	q->kind[(q->head + q->count) % q->cap] = (uint8_t)k;
+	q->count++;
+	return true;
+}
+
+int pend_head(const struct pendq *q)
+{
+	return q->count ? q->kind[q->head] : -1;
+}
+
+int pend_pop(struct pendq *q)
+{
+	int k;
+	if (!q->count)
+		return -1;
+	k = q->kind[q->head];
+	q->head = (q->head + 1) % q->cap;
+	q->count--;
+	return k;
+}
+
+void pend_free(struct pendq *q)
+{
+	free(q->kind);
+	memset(q, 0, sizeof(*q));
+}
