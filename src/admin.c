@@ -76,7 +76,7 @@ static void fmt_time(char *buf, size_t len, usec_t wall)
 static void show_version(struct admin_ctx *a)
 {
 	static const char *const cols[] = { "version" };
-	const char *v[] = { "LokaDB " LOKADB_VERSION };
+	const char *v[] = { "lokadb " LOKADB_VERSION };
 	row_header(a, 1, cols);
 	pkt_data_row(a->pb, 1, v);
 	finish(a, "SHOW");

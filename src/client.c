@@ -33,6 +33,7 @@
 static void client_read_cb(struct bufferevent *bev, void *arg);
 static void client_write_cb(struct bufferevent *bev, void *arg);
 static void client_event_cb(struct bufferevent *bev, short what, void *arg);
+static void client_unlist(struct client *c);
 
 const char *client_ident(const struct client *c, char *buf, size_t len)
 {
@@ -117,10 +118,9 @@ void client_close(struct client *c, const char *sqlstate, const char *fmt, ...)
 	else if (rt->cf->log_disconnections && c->state != CL_LOGIN)
 		log_info("%s closing because: client close request", client_ident(c, ident, sizeof(ident)));
 	pool_client_gone(c);
-	if (!c->bev) {
-		client_free_now(c);
-		return;
-	}
+	client_unlist(c);
+	c->state = CL_CLOSING;
+	TAILQ_INSERT_TAIL(&rt->closing_clients, c, entry);
 	out = bufferevent_get_output(c->bev);
 	if (sqlstate)
 		pkt_send_error(out, "FATAL", sqlstate, "%s", msg);
@@ -134,20 +134,18 @@ void client_close(struct client *c, const char *sqlstate, const char *fmt, ...)
 	bufferevent_enable(c->bev, EV_WRITE);
 }
 
-void client_free_now(struct client *c)
+/* Take the client off whatever list its state puts it on. */
+static void client_unlist(struct client *c)
 {
-	if (c->state == CL_JUSTFREE && !c->bev)
-		return;
-	if (c->bev) {
-		bufferevent_free(c->bev);
-		c->bev = NULL;
-	}
 	switch (c->state) {
 	case CL_LOGIN:
 		TAILQ_REMOVE(&rt->login_clients, c, entry);
 		break;
 	case CL_ADMIN:
 		TAILQ_REMOVE(&rt->admin_clients, c, entry);
+		break;
+	case CL_CLOSING:
+		TAILQ_REMOVE(&rt->closing_clients, c, entry);
 		break;
 	case CL_JUSTFREE:
 		break;
@@ -156,6 +154,18 @@ void client_free_now(struct client *c)
 		break;
 	}
 	c->state = CL_JUSTFREE;
+}
+
+/* Free the socket now and the object at the end of the loop turn. */
+void client_free_now(struct client *c)
+{
+	if (c->state == CL_JUSTFREE)
+		return;
+	if (c->bev) {
+		bufferevent_free(c->bev);
+		c->bev = NULL;
+	}
+	client_unlist(c);
 	TAILQ_INSERT_TAIL(&rt->justfree_clients, c, entry);
 	rt->n_clients--;
 	event_active(rt->justfree_ev, EV_TIMEOUT, 0);

@@ -63,7 +63,8 @@ enum client_state {
 	CL_ACTIVE,		/* logged in; linked to a server or idle */
 	CL_WAITING,		/* wants a server, queued in its pool */
 	CL_ADMIN,		/* console session */
-	CL_JUSTFREE,		/* closed: on no list but rt->justfree_clients */
+	CL_CLOSING,		/* flushing its last words: on rt->closing_clients */
+	CL_JUSTFREE,		/* closed: on rt->justfree_clients until the loop turn ends */
 };
 
 enum server_state {
@@ -208,7 +209,7 @@ struct lk_runtime {
 	const char *config_path;
 	struct db_list dbs;
 	struct pool_list pools;
-	struct client_list login_clients, admin_clients, justfree_clients;
+	struct client_list login_clients, admin_clients, closing_clients, justfree_clients;
 	struct server_list justfree_servers;
 	struct listener *listeners;
 	int n_listeners;
@@ -288,7 +289,12 @@ void pool_free_all(void);
 void admin_handle(struct client *c, const char *sql);
 bool admin_is_dbname(const char *name);
 
-/* main.c */
+/* runtime.c */
+void runtime_init(void);
+bool runtime_open_listeners(void);
+void runtime_apply_log_settings(void);
+bool runtime_setup_events(void);
+void runtime_teardown(void);
 bool lokadb_reload(char *err, size_t errlen);
 void lokadb_shutdown(enum shutdown_mode mode);
 void lokadb_check_shutdown(void);

@@ -103,6 +103,8 @@ struct pool *pool_get(struct lk_db *db, const char *user, const struct auth_entr
 {
 	struct pool *p;
 
+	if (db->conf.user)
+		user = db->conf.user;	/* a forced user: every client shares one pool */
 	TAILQ_FOREACH(p, &rt->pools, entry)
 		if (p->db == db && strcmp(p->user, user) == 0)
 			return p;
@@ -371,7 +373,7 @@ void pool_client_gone(struct client *c)
 	struct server *s = c->link;
 	struct pool *p = c->pool;
 
-	if (!p || c->state == CL_LOGIN || c->state == CL_ADMIN || c->state == CL_JUSTFREE)
+	if (!p || c->state == CL_LOGIN || c->state == CL_ADMIN || c->state == CL_CLOSING || c->state == CL_JUSTFREE)
 		return;
 	c->link = NULL;
 	pool_set_client_state(c, CL_JUSTFREE);
@@ -494,8 +496,13 @@ void pool_apply_config(struct lk_config *old)
 	}
 	for (int i = 0; i < rt->cf->n_dbs; i++) {
 		const struct db_conf *dc = &rt->cf->dbs[i];
-		if (strcmp(dc->name, "*") != 0 && !db_lookup(dc->name, false))
-			db_create(dc->name, dc, false);
+		if (strcmp(dc->name, "*") == 0)
+			continue;
+		db = db_lookup(dc->name, false);
+		if (!db)
+			db = db_create(dc->name, dc, false);
+		if (db->conf.user)
+			pool_get(db, db->conf.user, NULL);	/* so min_pool_size can fill it */
 	}
 	TAILQ_FOREACH(p, &rt->pools, entry) {
 		const struct auth_entry *ae = config_find_auth(rt->cf, p->user);

@@ -372,6 +372,7 @@ class Wire:
         self.params = {}
         self.backend_key = None
         self.auth_codes = []
+        self.logged_in = False
 
     # -- bytes --
     def send(self, data):
@@ -381,6 +382,14 @@ class Wire:
         self.send(message(typ, payload))
 
     def close(self):
+        """Send Terminate if we are logged in (best effort), then close."""
+        try:
+            if self.logged_in:
+                self.sock.settimeout(0.2)
+                self.sock.sendall(message(b"X"))
+        except OSError:
+            pass
+        self.logged_in = False
         try:
             self.sock.close()
         except OSError:
@@ -481,6 +490,7 @@ class Wire:
             elif typ == b"K":
                 self.backend_key = struct.unpack("!II", payload[:8])
             elif typ == b"Z":
+                self.logged_in = True
                 return None
             elif typ in (b"N", b"v"):
                 pass
@@ -1124,7 +1134,7 @@ class TempTree:
 def assert_serves(b, dbname="p0", user="trustuser"):
     """lokadb is alive and a fresh client can run a query through it."""
     assert b.alive(), f"lokadb is not running:\n{b.stderr()[-2000:]}"
-    with b.connect(dbname, user) as c:
+    with b.connect(dbname, user, password=USERS[user]["password"]) as c:
         assert c.execute("select 41 + 1").fetchone()[0] == 42
 
 

@@ -25,7 +25,8 @@ def test_client_over_max_client_conn_is_refused_with_53300(bouncer_factory):
 
 
 def test_message_over_max_message_bytes_gets_08P01_and_only_that_client_is_closed(bouncer_factory):
-    b = bouncer_factory(settings={"max_message_bytes": 1000})
+    # 1024: the smallest value lokadb's settings table accepts
+    b = bouncer_factory(settings={"max_message_bytes": 1024})
     other = b.connect("p0")
     assert other.execute("select 1").fetchone()[0] == 1
     w = b.login("p0")

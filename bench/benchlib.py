@@ -1,0 +1,501 @@
+"""benchlib -- shared machinery of LokaDB's benchmarks (Python stdlib only).
+
+* Cleanup: every process and temp dir is registered here and stopped/removed
+  by PID at exit, also on failure, SIGTERM or Ctrl-C (try/finally + atexit).
+* Postgres: a throw-away PostgreSQL 15 cluster on 127.0.0.1 (run as user
+  postgres when we are root: PostgreSQL refuses to run as root).
+* Pooler: one PgBouncer-compatible pooler process (Debian's PgBouncer, run as
+  postgres when we are root, or lokadb) with its own ini, log and pidfile.
+* pgbench runs, their summary output, and percentiles from the
+  per-transaction logs (`--log`, latency in microseconds is column 3).
+"""
+
+import atexit
+import glob
+import math
+import os
+import pwd
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PG_BIN = Path(os.environ.get("BENCH_PG_BIN", "/usr/lib/postgresql/15/bin"))
+PGBOUNCER_BIN = os.environ.get("BENCH_PGBOUNCER", "/usr/sbin/pgbouncer")
+IS_ROOT = os.geteuid() == 0
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# --------------------------------------------------------------------------
+# cleanup registry
+# --------------------------------------------------------------------------
+
+_cleanups = []          # (name, fn), run last-registered first
+_cleaned = False
+
+
+def on_cleanup(name, fn):
+    _cleanups.append((name, fn))
+
+
+def cleanup():
+    """Stop every registered process and remove every temp dir (idempotent)."""
+    global _cleaned
+    if _cleaned:
+        return
+    _cleaned = True
+    # A second Ctrl-C during cleanup must not leave processes behind.
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        while _cleanups:
+            name, fn = _cleanups.pop()
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 -- keep cleaning up
+                print(f"cleanup of {name} failed: {e!r}", file=sys.stderr)
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def _on_sigterm(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def install_cleanup_handlers():
+    atexit.register(cleanup)
+    # Started in the background by a non-interactive shell, SIGINT arrives
+    # ignored; Ctrl-C / kill -INT must still stop the run and clean up.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGHUP, _on_sigterm)
+
+
+# --------------------------------------------------------------------------
+# processes
+# --------------------------------------------------------------------------
+
+def pid_alive(pid):
+    """True if pid runs and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def wait_gone(pid, timeout, popen=None):
+    deadline = time.monotonic() + timeout
+    while True:
+        if popen is not None and popen.poll() is not None:
+            if not pid_alive(pid):
+                return True
+        elif not pid_alive(pid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+
+
+def stop_pid(pid, sig=signal.SIGTERM, timeout=10.0, popen=None):
+    """Send sig to pid, wait up to timeout, then SIGKILL. Returns True if sig sufficed."""
+    if pid is None or not pid_alive(pid):
+        if popen is not None:
+            popen.poll()
+        return True
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return True
+    if wait_gone(pid, timeout, popen):
+        return True
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    wait_gone(pid, 5.0, popen)
+    return False
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pg_ids():
+    pw = pwd.getpwnam("postgres")
+    return pw.pw_uid, pw.pw_gid
+
+
+def as_pg(cmd):
+    """cmd run as user postgres when we are root."""
+    if IS_ROOT:
+        return ["runuser", "-u", "postgres", "--"] + list(cmd)
+    return list(cmd)
+
+
+def chown_pg(path):
+    if IS_ROOT:
+        os.chown(path, *pg_ids())
+
+
+def client_env():
+    """Environment for libpq clients: no inherited PG* variables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    env["PGCONNECT_TIMEOUT"] = "10"
+    env["PGSSLMODE"] = "disable"
+    env["PGGSSENCMODE"] = "disable"
+    return env
+
+
+def make_tempdir(prefix):
+    """A temp dir removed at cleanup; traversable by user postgres."""
+    d = Path(tempfile.mkdtemp(prefix=prefix))
+    os.chmod(d, 0o755)
+    if os.environ.get("BENCH_KEEP_TMP"):
+        on_cleanup(f"keep {d}", lambda: print(f"BENCH_KEEP_TMP: kept {d}", file=sys.stderr))
+    else:
+        on_cleanup(f"remove {d}", lambda: shutil.rmtree(d, ignore_errors=True))
+    return d
+
+
+def tail(path, n=40):
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-n:])
+
+
+def first_line(cmd):
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        return (r.stdout or r.stderr).strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return "unknown"
+
+
+# --------------------------------------------------------------------------
+# PostgreSQL
+# --------------------------------------------------------------------------
+
+class Postgres:
+    """A throw-away PostgreSQL cluster under base/, on 127.0.0.1:port, trust auth."""
+
+    def __init__(self, base, settings):
+        self.base = Path(base)
+        self.datadir = self.base / "pgdata"
+        self.sockdir = self.base / "pgsock"
+        self.logpath = self.base / "postgres.log"
+        self.port = free_port()
+        self.host = "127.0.0.1"
+        self.settings = settings
+        self.pid = None
+
+    def start(self):
+        for d in (self.datadir, self.sockdir):
+            d.mkdir(mode=0o700)
+            chown_pg(d)
+        self.logpath.touch()
+        chown_pg(self.logpath)
+        r = subprocess.run(as_pg([str(PG_BIN / "initdb"), "-D", str(self.datadir),
+                                  "--auth=trust", "-U", "postgres", "--no-sync",
+                                  "-E", "UTF8", "--locale=C"]),
+                           capture_output=True, text=True, timeout=300, cwd=str(self.base))
+        if r.returncode != 0:
+            raise RuntimeError(f"initdb failed:\n{r.stdout}\n{r.stderr}")
+        conf = dict(self.settings)
+        conf.update({"listen_addresses": "'127.0.0.1'", "port": str(self.port),
+                     "unix_socket_directories": f"'{self.sockdir}'"})
+        with open(self.datadir / "postgresql.conf", "a") as f:
+            f.write("\n# added by bench/benchlib.py\n")
+            for k, v in conf.items():
+                f.write(f"{k} = {v}\n")
+        (self.datadir / "pg_hba.conf").write_text(
+            "local all all trust\nhost all all 127.0.0.1/32 trust\nhost all all ::1/128 trust\n")
+        chown_pg(self.datadir / "pg_hba.conf")
+        # Register the stop before starting: a Ctrl-C during pg_ctl must not leak it.
+        on_cleanup("postgres", self.stop)
+        r = subprocess.run(as_pg([str(PG_BIN / "pg_ctl"), "-D", str(self.datadir),
+                                  "-l", str(self.logpath), "-w", "-t", "120", "start"]),
+                           capture_output=True, text=True, timeout=180, cwd=str(self.base))
+        self._read_pid()
+        if r.returncode != 0:
+            raise RuntimeError(f"pg_ctl start failed:\n{r.stdout}\n{r.stderr}\n"
+                               f"{tail(self.logpath)}")
+        if self.pid is None:
+            raise RuntimeError("postgres started but postmaster.pid is unreadable")
+
+    def _read_pid(self):
+        try:
+            self.pid = int((self.datadir / "postmaster.pid").read_text().split("\n", 1)[0])
+        except (OSError, ValueError):
+            pass
+
+    def stop(self):
+        if self.pid is None:
+            self._read_pid()
+        if self.pid is not None:
+            # SIGINT is PostgreSQL's fast shutdown.
+            stop_pid(self.pid, signal.SIGINT, 60.0)
+            self.pid = None
+
+    def alive(self):
+        return self.pid is not None and pid_alive(self.pid)
+
+    def psql(self, sql, dbname="postgres", port=None, timeout=300):
+        """Run SQL with psql as postgres over TCP; returns stdout (raises on error)."""
+        r = subprocess.run([str(PG_BIN / "psql"), "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1",
+                            "-h", self.host, "-p", str(port or self.port), "-U", "postgres",
+                            "-d", dbname, "-c", sql],
+                           capture_output=True, text=True, timeout=timeout, env=client_env())
+        if r.returncode != 0:
+            raise RuntimeError(f"psql -c {sql!r} failed: {r.stderr.strip()}")
+        return r.stdout.strip()
+
+
+# --------------------------------------------------------------------------
+# poolers
+# --------------------------------------------------------------------------
+
+class Pooler:
+    """One pooler process (PgBouncer or lokadb) with its own ini, log and pidfile.
+
+    kind: "pgbouncer" (run as user postgres when root: PgBouncer refuses root)
+    or "lokadb"."""
+
+    def __init__(self, kind, binary, base, pg, dbname, settings):
+        self.kind = kind
+        self.binary = binary
+        self.dir = Path(base) / kind
+        self.pg = pg
+        self.dbname = dbname
+        self.port = free_port()
+        self.host = "127.0.0.1"
+        self.settings = settings
+        self.ini = self.dir / f"{kind}.ini"
+        self.logfile = self.dir / f"{kind}.log"
+        self.stderr_path = self.dir / f"{kind}.stderr"
+        self.pidfile = self.dir / f"{kind}.pid"
+        self.popen = None
+        self.pid = None
+        self.as_postgres = kind == "pgbouncer" and IS_ROOT
+
+    @property
+    def section(self):
+        return "pgbouncer" if self.kind == "pgbouncer" else "lokadb"
+
+    def write_files(self):
+        self.dir.mkdir(mode=0o755)
+        (self.dir / "userlist.txt").write_text('"postgres" ""\n')
+        s = {
+            "listen_addr": self.host,
+            "listen_port": self.port,
+            "unix_socket_dir": "",
+            "auth_type": "trust",
+            "auth_file": str(self.dir / "userlist.txt"),
+            "admin_users": "postgres",
+            "logfile": str(self.logfile),
+            "pidfile": str(self.pidfile),
+        }
+        s.update(self.settings)
+        lines = [f"[{self.section}]"] + [f"{k} = {v}" for k, v in s.items()]
+        lines += ["", "[databases]",
+                  f"{self.dbname} = host={self.pg.host} port={self.pg.port} dbname={self.dbname}",
+                  ""]
+        self.ini.write_text("\n".join(lines))
+        for p in (self.logfile, self.stderr_path):
+            p.touch()
+        if self.as_postgres:
+            for p in (self.dir, self.ini, self.dir / "userlist.txt", self.logfile):
+                chown_pg(p)
+
+    def start(self, timeout=30.0):
+        self.write_files()
+        cmd = [self.binary, "-q", str(self.ini)]
+        if self.as_postgres:
+            cmd = as_pg(cmd)
+        self.cmd = cmd
+        with open(self.stderr_path, "ab") as err:
+            self.popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                                          cwd=str(self.dir), start_new_session=True,
+                                          env=client_env())
+        on_cleanup(self.kind, self.stop)
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            if self.popen.poll() is not None:
+                raise RuntimeError(f"{self.kind} exited with {self.popen.returncode} at start:\n"
+                                   f"{tail(self.stderr_path)}\n{tail(self.logfile)}")
+            if self.pid is None:
+                self._read_pid()
+            try:
+                self.pg.psql("select 1", dbname=self.dbname, port=self.port, timeout=15)
+                if self.pid is None:
+                    self._read_pid()
+                return
+            except (RuntimeError, subprocess.SubprocessError) as e:
+                last = e
+            time.sleep(0.2)
+        raise RuntimeError(f"{self.kind} did not accept a query within {timeout}s: {last}\n"
+                           f"{tail(self.logfile)}")
+
+    def _read_pid(self):
+        try:
+            self.pid = int(self.pidfile.read_text().strip())
+        except (OSError, ValueError):
+            if not self.as_postgres and self.popen is not None:
+                self.pid = self.popen.pid   # lokadb runs in the foreground: same process
+
+    def cpu_seconds(self):
+        return proc_cpu_seconds(self.pid) if self.pid is not None else None
+
+    def alive(self):
+        if self.popen is None or self.popen.poll() is not None:
+            return False
+        return self.pid is None or pid_alive(self.pid)
+
+    def stop(self):
+        """Immediate shutdown by PID; the graceful signal first, SIGKILL after 10 s."""
+        if self.popen is None:
+            return
+        if self.pid is None:
+            self._read_pid()
+        # PgBouncer 1.18: SIGTERM = immediate shutdown. lokadb: SIGTERM = wait for
+        # clients (there are none left at this point), SIGQUIT = now.
+        sig = signal.SIGTERM
+        ok = True
+        if self.pid is not None and self.pid != self.popen.pid:
+            ok = stop_pid(self.pid, sig, 10.0)
+        ok = stop_pid(self.popen.pid, sig, 10.0, self.popen) and ok
+        self.stopped_cleanly = ok
+        self.popen = None
+
+    def exit_info(self):
+        rc = self.popen.poll() if self.popen is not None else None
+        return f"{self.kind} pid {self.pid} exit status {rc}"
+
+
+# --------------------------------------------------------------------------
+# pgbench
+# --------------------------------------------------------------------------
+
+class PgbenchResult:
+    def __init__(self):
+        self.ok = False
+        self.error = None
+        self.cmd = None
+        self.output = ""
+        self.transactions = 0
+        self.failed = 0
+        self.tps = None
+        self.elapsed = None
+        self.latencies_us = []
+
+
+def parse_pgbench_output(out, res):
+    m = re.search(r"number of transactions actually processed: (\d+)", out)
+    if m:
+        res.transactions = int(m.group(1))
+    m = re.search(r"number of failed transactions: (\d+)", out)
+    if m:
+        res.failed = int(m.group(1))
+    m = re.search(r"^tps = ([0-9.]+)", out, re.M)
+    if m:
+        res.tps = float(m.group(1))
+        if res.tps > 0:
+            res.elapsed = res.transactions / res.tps
+
+
+def read_latencies(prefix, cycle=False):
+    """Latencies in microseconds from pgbench's per-transaction logs (removed after).
+
+    Log lines are "client_id transaction_no time script_no time_epoch time_us".
+    cycle=False: column 3, the transaction's own latency.  pgbench starts that
+    clock after connecting, so under -C it leaves out connect, login and
+    disconnect.  cycle=True: the time between the ends of a client's
+    consecutive transactions, i.e. the whole request cycle (under -C:
+    disconnect + connect + login + the transaction); each client's first
+    transaction has no predecessor and is left out."""
+    lat = []
+    ends = {}
+    files = sorted(glob.glob(glob.escape(str(prefix)) + ".*"))
+    for fn in files:
+        with open(fn) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 6 or not parts[2].isdigit():
+                    continue          # failed/skipped transaction
+                if cycle:
+                    end = int(parts[4]) * 1000000 + int(parts[5])
+                    ends.setdefault(parts[0], []).append((int(parts[1]), end))
+                else:
+                    lat.append(int(parts[2]))
+        os.unlink(fn)
+    for seq in ends.values():
+        seq.sort()
+        lat.extend(b[1] - a[1] for a, b in zip(seq, seq[1:]))
+    return lat
+
+
+def proc_cpu_seconds(pid):
+    """user + system CPU seconds used so far by pid (None if unreadable)."""
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_pgbench(args, host, port, dbname, seconds, logprefix=None, cwd=None, timeout_extra=60,
+                cycle=False):
+    """Run pgbench for `seconds`; returns a PgbenchResult (never raises on pgbench errors)."""
+    res = PgbenchResult()
+    cmd = [str(PG_BIN / "pgbench"), "-h", host, "-p", str(port), "-U", "postgres", "-n",
+           "-T", str(seconds)] + list(args)
+    if logprefix is not None:
+        cmd += ["--log", f"--log-prefix={logprefix}"]
+    cmd.append(dbname)
+    res.cmd = cmd
+    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, cwd=cwd, env=client_env())
+    try:
+        out, _ = p.communicate(timeout=seconds + timeout_extra)
+    except subprocess.TimeoutExpired:
+        stop_pid(p.pid, signal.SIGINT, 5.0, p)
+        out, _ = p.communicate()
+        res.output = out
+        res.error = f"pgbench did not finish within {seconds + timeout_extra}s (hang?)"
+        return res
+    except BaseException:
+        stop_pid(p.pid, signal.SIGTERM, 2.0, p)
+        raise
+    res.output = out
+    parse_pgbench_output(out, res)
+    if logprefix is not None:
+        res.latencies_us = read_latencies(logprefix, cycle)
+    if p.returncode != 0:
+        res.error = f"pgbench exited with status {p.returncode}"
+    elif res.failed:
+        res.error = f"pgbench reported {res.failed} failed transactions"
+    elif res.tps is None or res.transactions == 0:
+        res.error = "pgbench printed no tps / processed no transactions"
+    else:
+        res.ok = True
+    return res
+
+
+def percentile(sorted_vals, p):
+    """Nearest-rank percentile of a sorted list (p in 0..100)."""
+    if not sorted_vals:
+        return None
+    k = max(1, math.ceil(p / 100.0 * len(sorted_vals)))
+    return sorted_vals[min(k, len(sorted_vals)) - 1]

@@ -1,0 +1,228 @@
+#!/bin/sh
+# SPDX-License-Identifier: ISC
+#
+# demo.sh -- `make demo`: a throw-away PostgreSQL 15 cluster with lokadb in
+# front of it, a few queries through the pooler, then everything is stopped.
+#
+# What it does, in order:
+#   1. makes a temporary directory and runs initdb there (as user postgres
+#      when run as root), with SCRAM passwords on TCP;
+#   2. starts PostgreSQL on a free 127.0.0.1 port;
+#   3. writes lokadb.ini and userlist.txt, starts ./lokadb on another free port;
+#   4. runs psql through lokadb: CREATE TABLE, INSERT, SELECT, a transaction;
+#   5. runs pgbench (8 clients sharing 2 server connections, transaction
+#      pooling) and looks at SHOW POOLS / SHOW STATS on the console meanwhile;
+#   6. on exit (also on error or ^C) stops lokadb and PostgreSQL by their PIDs
+#      and removes the directory (set LOKADB_DEMO_KEEP=1 to keep it).
+#
+# Run from anywhere; it uses the lokadb binary at the top of the repository
+# (LOKADB_BIN overrides it) and PostgreSQL from /usr/lib/postgresql/15/bin
+# (PG_BIN overrides it). Every step is bounded in time; the whole demo takes
+# about 15 seconds.
+
+set -eu
+
+TOP=$(cd "$(dirname "$0")/.." && pwd)
+LOKADB=${LOKADB_BIN:-$TOP/lokadb}
+PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
+PSQL=$PG_BIN/psql
+PGBENCH=$PG_BIN/pgbench
+[ -x "$PSQL" ] || PSQL=$(command -v psql)
+[ -x "$PGBENCH" ] || PGBENCH=$(command -v pgbench)
+
+say() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
+die() { printf 'demo: %s\n' "$*" >&2; exit 1; }
+
+[ -x "$LOKADB" ] || die "no lokadb binary at $LOKADB (run make first)"
+[ -x "$PG_BIN/initdb" ] || die "no PostgreSQL 15 in $PG_BIN (run make deps as root)"
+
+# ---- a place of our own, cleaned up on every exit ----
+
+TMP=$(mktemp -d /tmp/lokadb-demo.XXXXXX)
+PGDATA=$TMP/pgdata
+LOKADB_PID=
+PG_STARTED=
+
+as_pg() {
+	if [ "$(id -u)" = 0 ]; then
+		runuser -u postgres -- "$@"
+	else
+		"$@"
+	fi
+}
+
+cleanup() {
+	rc=$?
+	trap - EXIT INT TERM
+	if [ -n "$LOKADB_PID" ] && kill -0 "$LOKADB_PID" 2>/dev/null; then
+		echo "demo: stopping lokadb (pid $LOKADB_PID, SIGINT: wait for servers, then exit)"
+		kill -INT "$LOKADB_PID" 2>/dev/null || true
+		i=0
+		while kill -0 "$LOKADB_PID" 2>/dev/null && [ $i -lt 50 ]; do
+			sleep 0.1; i=$((i + 1))
+		done
+		kill -QUIT "$LOKADB_PID" 2>/dev/null || true
+	fi
+	if [ -n "$PG_STARTED" ]; then
+		echo "demo: stopping PostgreSQL"
+		as_pg "$PG_BIN/pg_ctl" -D "$PGDATA" -m fast -w -t 20 stop >/dev/null 2>&1 || true
+	fi
+	if [ $rc -ne 0 ] && [ -f "$TMP/lokadb.log" ]; then
+		echo "demo: failed; the end of lokadb's log:" >&2
+		tail -20 "$TMP/lokadb.log" >&2
+	fi
+	if [ -n "${LOKADB_DEMO_KEEP:-}" ]; then
+		echo "demo: kept $TMP"
+	else
+		rm -rf "$TMP"
+	fi
+	if [ $rc -eq 0 ]; then
+		echo "demo: done, everything stopped"
+	fi
+	exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# A TCP port on 127.0.0.1 that nobody listens on right now.
+free_port() {
+	if command -v python3 >/dev/null 2>&1; then
+		python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+		return
+	fi
+	p=$(( 20000 + $$ % 20000 + ${1:-0} ))
+	while (echo >/dev/tcp/127.0.0.1/$p) 2>/dev/null; do p=$((p + 1)); done
+	echo $p
+}
+
+PG_PORT=$(free_port 0)
+LK_PORT=$(free_port 1)
+while [ "$LK_PORT" = "$PG_PORT" ]; do LK_PORT=$(free_port 2); done
+
+# ---- 1. the PostgreSQL cluster ----
+
+say "initdb a PostgreSQL 15 cluster in $PGDATA"
+printf 'demo_pw\n' > "$TMP/pgpass.txt"
+if [ "$(id -u)" = 0 ]; then
+	chown -R postgres: "$TMP"
+fi
+as_pg "$PG_BIN/initdb" -D "$PGDATA" -U postgres --pwfile="$TMP/pgpass.txt" \
+	--auth-local=trust --auth-host=scram-sha-256 -E UTF8 --no-locale >"$TMP/initdb.log" 2>&1 \
+	|| { cat "$TMP/initdb.log" >&2; die "initdb failed"; }
+rm -f "$TMP/pgpass.txt"
+cat >>"$PGDATA/postgresql.conf" <<EOF
+listen_addresses = '127.0.0.1'
+port = $PG_PORT
+unix_socket_directories = '$TMP'
+max_connections = 30
+fsync = off
+EOF
+
+say "start PostgreSQL on 127.0.0.1:$PG_PORT"
+as_pg "$PG_BIN/pg_ctl" -D "$PGDATA" -l "$TMP/postgres.log" -w -t 30 start >/dev/null
+PG_STARTED=1
+
+# A role and a database for the application; SCRAM password on TCP.
+as_pg "$PSQL" -X -q -h "$TMP" -p "$PG_PORT" -U postgres -d postgres -v ON_ERROR_STOP=1 <<'EOF'
+CREATE ROLE app LOGIN PASSWORD 'app_pw';
+CREATE DATABASE appdb OWNER app;
+EOF
+echo "created role app (password app_pw, stored as SCRAM) and database appdb"
+
+# ---- 2. lokadb ----
+
+say "write $TMP/lokadb.ini and $TMP/userlist.txt"
+# The userlist holds app's plain password: lokadb checks clients against it
+# (SCRAM) and also logs in to PostgreSQL with it. A SCRAM secret here would
+# check clients, but could not log in to the server.
+cat >"$TMP/userlist.txt" <<'EOF'
+"app"   "app_pw"
+"admin" "admin_pw"
+EOF
+cat >"$TMP/lokadb.ini" <<EOF
+[databases]
+; clients ask for "app"; lokadb connects to database appdb on the cluster
+app = host=127.0.0.1 port=$PG_PORT dbname=appdb
+
+[lokadb]
+listen_addr = 127.0.0.1
+listen_port = $LK_PORT
+unix_socket_dir = $TMP
+logfile = $TMP/lokadb.log
+pidfile = $TMP/lokadb.pid
+
+auth_type = scram-sha-256
+auth_file = userlist.txt
+admin_users = admin
+
+pool_mode = transaction
+default_pool_size = 2
+max_client_conn = 100
+stats_period = 1
+EOF
+sed 's/^/    /' "$TMP/lokadb.ini"
+
+say "start lokadb on 127.0.0.1:$LK_PORT"
+"$LOKADB" -q "$TMP/lokadb.ini" &
+LOKADB_PID=$!
+i=0
+until PGPASSWORD=admin_pw "$PSQL" -X -q -h 127.0.0.1 -p "$LK_PORT" -U admin -d lokadb \
+	-c 'SHOW VERSION' >/dev/null 2>&1 </dev/null; do
+	kill -0 "$LOKADB_PID" 2>/dev/null || die "lokadb exited at start-up"
+	i=$((i + 1))
+	[ $i -lt 50 ] || die "lokadb did not answer within 5 seconds"
+	sleep 0.1
+done
+echo "lokadb is up (pid $LOKADB_PID)"
+
+# ---- 3. queries through the pooler ----
+
+export PGCONNECT_TIMEOUT=10
+app_psql() {
+	PGPASSWORD=app_pw timeout 30 "$PSQL" -X -h 127.0.0.1 -p "$LK_PORT" -U app -d app -v ON_ERROR_STOP=1 "$@"
+}
+console() {
+	echo "lokadb=# $1"
+	PGPASSWORD=admin_pw timeout 10 "$PSQL" -X -h 127.0.0.1 -p "$LK_PORT" -U admin -d lokadb -c "$1"
+}
+
+say "psql through lokadb: create a table, insert, select"
+app_psql -e <<'EOF'
+CREATE TABLE demo_items (id serial PRIMARY KEY, name text NOT NULL, qty int NOT NULL);
+INSERT INTO demo_items (name, qty) VALUES ('apple', 3), ('pear', 5), ('plum', 7);
+SELECT id, name, qty FROM demo_items ORDER BY id;
+EOF
+
+say "a transaction: the server connection stays with this client until COMMIT"
+app_psql -e <<'EOF'
+BEGIN;
+UPDATE demo_items SET qty = qty - 1 WHERE name = 'apple';
+INSERT INTO demo_items (name, qty) VALUES ('fig', 1);
+SELECT name, qty FROM demo_items ORDER BY id;
+COMMIT;
+SELECT count(*) AS items, sum(qty) AS total_qty FROM demo_items;
+EOF
+
+say "the console: SHOW POOLS and SHOW STATS (psql -U admin lokadb)"
+console "SHOW POOLS"
+console "SHOW STATS"
+
+# ---- 4. pgbench in transaction mode ----
+
+say "pgbench -i through lokadb (COPY and DDL pass through the pooler)"
+PGPASSWORD=app_pw timeout 60 "$PGBENCH" -h 127.0.0.1 -p "$LK_PORT" -U app -i -s 1 -q app 2>&1 | tail -2
+
+say "pgbench: 8 clients over 2 server connections for 5 seconds (pool_mode = transaction)"
+PGPASSWORD=app_pw timeout 60 "$PGBENCH" -h 127.0.0.1 -p "$LK_PORT" -U app -c 8 -j 2 -T 5 -n app \
+	>"$TMP/pgbench.out" 2>&1 &
+BENCH_PID=$!
+sleep 2.5
+echo "while pgbench runs, 8 clients share the pool's 2 server connections:"
+console "SHOW POOLS"
+wait "$BENCH_PID" || { cat "$TMP/pgbench.out"; die "pgbench failed"; }
+grep -E '^(number of clients|number of transactions actually processed|number of failed|latency average|tps)' \
+	"$TMP/pgbench.out" || cat "$TMP/pgbench.out"
+sleep 1.2	# one stats_period, so that the avg_ columns show the last second
+console "SHOW STATS"
+console "SHOW SERVERS"

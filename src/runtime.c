@@ -1,0 +1,427 @@
+/* SPDX-License-Identifier: ISC */
+/*
+ * runtime.c -- the runtime object: listen sockets, the event loop's timers
+ * and signals, reload and shutdown. main.c drives it; tests and fuzzers link
+ * it without main.c.
+ *
+ * Signals as PgBouncer 1.23+: HUP reloads, TERM waits for clients to leave,
+ * INT waits for servers to be released, QUIT exits at once; USR1 pauses,
+ * USR2 resumes.
+ *
+ * Listen sockets are opened before daemonizing so that a busy port is
+ * reported on the terminal; the event base is created after the fork.
+ */
+#include "core.h"
+#include "scram.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <netdb.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <event2/util.h>
+
+static struct lk_runtime runtime;
+struct lk_runtime *rt = &runtime;
+
+/* ---- listen sockets ---- */
+
+static bool add_listener(int fd, const char *name, bool is_unix, const char *path)
+{
+	struct listener *l;
+	struct listener *n = realloc(rt->listeners, sizeof(*n) * (size_t)(rt->n_listeners + 1));
+	if (!n)
+		return false;
+	rt->listeners = n;
+	l = &n[rt->n_listeners++];
+	memset(l, 0, sizeof(*l));
+	l->fd = fd;
+	l->is_unix = is_unix;
+	l->unix_path = path ? xstrdup(path) : NULL;
+	snprintf(l->name, sizeof(l->name), "%s", name);
+	return true;
+}
+
+static bool listen_tcp(const char *host, int port)
+{
+	struct addrinfo hints, *res = NULL, *ai;
+	char portstr[16];
+	int rc, n = 0;
+
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_flags = AI_PASSIVE;
+	snprintf(portstr, sizeof(portstr), "%d", port);
+	rc = getaddrinfo(strcmp(host, "*") == 0 ? NULL : host, portstr, &hints, &res);
+	if (rc != 0) {
+		log_error("could not resolve listen_addr \"%s\": %s", host, gai_strerror(rc));
+		return false;
+	}
+	for (ai = res; ai; ai = ai->ai_next) {
+		int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0), on = 1;
+		char name[128], h[64];
+		if (fd < 0)
+			continue;
+		setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+		if (rt->cf->so_reuseport)
+			setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &on, sizeof(on));
+		if (ai->ai_family == AF_INET6)
+			setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &on, sizeof(on));
+		if (bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, rt->cf->listen_backlog) < 0) {
+			log_error("could not listen on %s port %d: %s", host, port, strerror(errno));
+			close(fd);
+			continue;
+		}
+		getnameinfo(ai->ai_addr, ai->ai_addrlen, h, sizeof(h), NULL, 0, NI_NUMERICHOST);
+		snprintf(name, sizeof(name), "%s:%d", h, port);
+		add_listener(fd, name, false, NULL);
+		log_info("listening on %s", name);
+		n++;
+	}
+	freeaddrinfo(res);
+	return n > 0;
+}
+
+static bool listen_unix(const char *dir, int port)
+{
+	struct sockaddr_un un;
+	int fd;
+
+	memset(&un, 0, sizeof(un));
+	un.sun_family = AF_UNIX;
+	snprintf(un.sun_path, sizeof(un.sun_path), "%s/.s.PGSQL.%d", dir, port);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return false;
+	unlink(un.sun_path);
+	if (bind(fd, (struct sockaddr *)&un, sizeof(un)) < 0 || listen(fd, rt->cf->listen_backlog) < 0) {
+		log_error("could not listen on unix socket %s: %s", un.sun_path, strerror(errno));
+		close(fd);
+		return false;
+	}
+	chmod(un.sun_path, (mode_t)rt->cf->unix_socket_mode);
+	add_listener(fd, un.sun_path, true, un.sun_path);
+	log_info("listening on %s", un.sun_path);
+	return true;
+}
+
+bool runtime_open_listeners(void)
+{
+	const struct lk_config *cf = rt->cf;
+	bool ok = true;
+
+	if (cf->listen_addr && *cf->listen_addr) {
+		char *list = xstrdup(cf->listen_addr), *save = NULL;
+		for (char *h = strtok_r(list, ", ", &save); h; h = strtok_r(NULL, ", ", &save))
+			ok = listen_tcp(h, cf->listen_port) && ok;
+		free(list);
+	}
+	if (cf->unix_socket_dir && *cf->unix_socket_dir)
+		ok = listen_unix(cf->unix_socket_dir, cf->listen_port) && ok;
+	if (rt->n_listeners == 0) {
+		log_error("nothing to listen on: set listen_addr or unix_socket_dir");
+		return false;
+	}
+	return ok;
+}
+
+static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg)
+{
+	struct listener *li = arg;
+	(void)l;
+	client_accept(fd, sa, salen, li->is_unix);
+}
+
+static void accept_error_cb(struct evconnlistener *l, void *arg)
+{
+	struct listener *li = arg;
+	int err = EVUTIL_SOCKET_ERROR();
+	(void)l;
+	log_warning("accept on %s failed: %s", li->name, evutil_socket_error_to_string(err));
+}
+
+static bool start_listeners(void)
+{
+	for (int i = 0; i < rt->n_listeners; i++) {
+		struct listener *li = &rt->listeners[i];
+		evutil_make_socket_nonblocking(li->fd);
+		li->l = evconnlistener_new(rt->base, accept_cb, li, LEV_OPT_CLOSE_ON_FREE, -1, li->fd);
+		if (!li->l)
+			return false;
+		evconnlistener_set_error_cb(li->l, accept_error_cb);
+	}
+	return true;
+}
+
+static void close_listeners(void)
+{
+	for (int i = 0; i < rt->n_listeners; i++) {
+		struct listener *li = &rt->listeners[i];
+		if (li->l)
+			evconnlistener_free(li->l);
+		else if (li->fd >= 0)
+			close(li->fd);
+		if (li->unix_path)
+			unlink(li->unix_path);
+		free(li->unix_path);
+	}
+	free(rt->listeners);
+	rt->listeners = NULL;
+	rt->n_listeners = 0;
+}
+
+/* ---- reload / shutdown ---- */
+
+void runtime_apply_log_settings(void)
+{
+	const struct lk_config *cf = rt->cf;
+	log_setup(cf->logfile, !rt->quiet && !rt->daemon, cf->syslog, cf->syslog_ident, cf->syslog_facility,
+		  rt->verbose + cf->verbose);
+}
+
+/* Check the file, then apply it whole; on error nothing changes. */
+bool lokadb_reload(char *err, size_t errlen)
+{
+	struct lk_config *nc = config_load(rt->config_path, err, errlen), *old;
+
+	if (!nc) {
+		log_error("RELOAD failed, keeping the old configuration: %s", err);
+		return false;
+	}
+	for (const struct cf_setting *s = config_settings; s->name; s++) {
+		char a[512], b[512];
+		if (s->reloadable)
+			continue;
+		config_format(rt->cf, s, a, sizeof(a));
+		config_format(nc, s, b, sizeof(b));
+		if (strcmp(a, b) != 0)
+			log_warning("RELOAD: setting %s cannot be changed at run time; restart lokadb to use \"%s\"", s->name, b);
+		memcpy((char *)nc + s->offset, (char *)rt->cf + s->offset,
+		       s->type == CF_STR ? sizeof(char *) : s->type == CF_TIME || s->type == CF_SIZE ? sizeof(int64_t) : sizeof(int));
+		if (s->type == CF_STR)
+			*(char **)((char *)rt->cf + s->offset) = NULL;	/* moved to nc */
+	}
+	old = rt->cf;
+	rt->cf = nc;
+	runtime_apply_log_settings();
+	pool_apply_config(old);
+	config_free(old);
+	log_info("configuration reloaded from %s", rt->config_path);
+	return true;
+}
+
+static void close_list(struct client_list *l, const char *sqlstate, const char *msg)
+{
+	struct client *c, *tmp;
+	TAILQ_FOREACH_SAFE(c, l, entry, tmp)
+		client_close(c, sqlstate, "%s", msg);
+}
+
+static void close_all_clients(const char *sqlstate, const char *msg)
+{
+	struct pool *p;
+
+	TAILQ_FOREACH(p, &rt->pools, entry) {
+		close_list(&p->active_clients, sqlstate, msg);
+		close_list(&p->waiting_clients, sqlstate, msg);
+		close_list(&p->login_clients, sqlstate, msg);
+	}
+	close_list(&rt->login_clients, sqlstate, msg);
+	close_list(&rt->admin_clients, sqlstate, msg);
+}
+
+void lokadb_shutdown(enum shutdown_mode mode)
+{
+	if (mode == SHUT_NOW) {
+		log_info("shutting down now");
+		rt->shutdown = SHUT_NOW;
+		event_base_loopbreak(rt->base);
+		return;
+	}
+	if (rt->shutdown == SHUT_NONE)
+		rt->shutdown = mode;
+	log_info(mode == SHUT_WAIT_CLIENTS ? "shutting down once every client has disconnected"
+					   : "shutting down once every server connection is released");
+	lokadb_check_shutdown();
+}
+
+static int count_clients(void)
+{
+	struct pool *p;
+	int n = 0;
+	TAILQ_FOREACH(p, &rt->pools, entry)
+		n += p->n_active_cl + p->n_waiting_cl + p->n_login_cl;
+	return n;
+}
+
+void lokadb_check_shutdown(void)
+{
+	if (rt->shutdown == SHUT_WAIT_CLIENTS && count_clients() == 0)
+		lokadb_shutdown(SHUT_NOW);
+	else if (rt->shutdown == SHUT_WAIT_SERVERS && pool_active_servers(NULL) == 0)
+		lokadb_shutdown(SHUT_NOW);
+}
+
+/* ---- events ---- */
+
+static void signal_cb(evutil_socket_t sig, short what, void *arg)
+{
+	char err[512];
+	(void)what;
+	(void)arg;
+	switch (sig) {
+	case SIGHUP:
+		log_info("got SIGHUP, re-reading config");
+		lokadb_reload(err, sizeof(err));
+		break;
+	case SIGTERM:
+		log_info("got SIGTERM, waiting for clients to disconnect");
+		lokadb_shutdown(SHUT_WAIT_CLIENTS);
+		break;
+	case SIGINT:
+		log_info("got SIGINT, waiting for servers to be released");
+		lokadb_shutdown(SHUT_WAIT_SERVERS);
+		break;
+	case SIGQUIT:
+		log_info("got SIGQUIT, exiting now");
+		lokadb_shutdown(SHUT_NOW);
+		break;
+	case SIGUSR1:
+		log_info("got SIGUSR1, pausing");
+		rt->paused = true;
+		break;
+	case SIGUSR2:
+		log_info("got SIGUSR2, resuming");
+		pool_resume(NULL);
+		break;
+	default:
+		break;
+	}
+}
+
+static void janitor_cb(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	(void)arg;
+	pool_janitor();
+}
+
+static void stats_cb(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	(void)arg;
+	pool_stats_tick();
+}
+
+static void justfree_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct client *c;
+	struct server *s;
+	(void)fd;
+	(void)what;
+	(void)arg;
+	while ((c = TAILQ_FIRST(&rt->justfree_clients))) {
+		TAILQ_REMOVE(&rt->justfree_clients, c, entry);
+		varcache_free(&c->vars);
+		scram_server_free(c->scram);
+		free(c->user);
+		free(c->dbname);
+		free(c);
+	}
+	while ((s = TAILQ_FIRST(&rt->justfree_servers))) {
+		TAILQ_REMOVE(&rt->justfree_servers, s, entry);
+		varcache_free(&s->vars);
+		pend_free(&s->pend);
+		scram_client_free(s->scram);
+		free(s);
+	}
+}
+
+static struct event *add_signal(int sig)
+{
+	struct event *ev = evsignal_new(rt->base, sig, signal_cb, NULL);
+	event_add(ev, NULL);
+	return ev;
+}
+
+bool runtime_setup_events(void)
+{
+	struct timeval jt = { 0, JANITOR_PERIOD_USEC };
+	struct timeval st = { rt->cf->stats_period / USEC > 0 ? rt->cf->stats_period / USEC : 60, 0 };
+
+	rt->base = event_base_new();
+	if (!rt->base)
+		return false;
+	rt->dns = dns_new(rt->base);
+	rt->janitor = event_new(rt->base, -1, EV_PERSIST, janitor_cb, NULL);
+	rt->stats_timer = event_new(rt->base, -1, EV_PERSIST, stats_cb, NULL);
+	rt->justfree_ev = event_new(rt->base, -1, 0, justfree_cb, NULL);
+	event_add(rt->janitor, &jt);
+	event_add(rt->stats_timer, &st);
+	rt->sig_hup = add_signal(SIGHUP);
+	rt->sig_term = add_signal(SIGTERM);
+	rt->sig_int = add_signal(SIGINT);
+	rt->sig_quit = add_signal(SIGQUIT);
+	rt->sig_usr1 = add_signal(SIGUSR1);
+	rt->sig_usr2 = add_signal(SIGUSR2);
+	signal(SIGPIPE, SIG_IGN);
+	return start_listeners();
+}
+
+void runtime_teardown(void)
+{
+	close_all_clients("57P01", "pooler is shutting down");
+	struct pool *p;
+	TAILQ_FOREACH(p, &rt->pools, entry) {
+		struct server *s;
+		while ((s = TAILQ_FIRST(&p->active_servers)))
+			server_close(s, "pooler is shutting down");
+		while ((s = TAILQ_FIRST(&p->idle_servers)))
+			server_close(s, "pooler is shutting down");
+		while ((s = TAILQ_FIRST(&p->tested_servers)))
+			server_close(s, "pooler is shutting down");
+		while ((s = TAILQ_FIRST(&p->login_servers)))
+			server_close(s, "pooler is shutting down");
+	}
+	/* give the goodbyes one chance to be written, then free everything */
+	event_base_loop(rt->base, EVLOOP_NONBLOCK);
+	while (!TAILQ_EMPTY(&rt->closing_clients))
+		client_free_now(TAILQ_FIRST(&rt->closing_clients));
+	justfree_cb(-1, 0, NULL);
+	close_listeners();
+	event_free(rt->janitor);
+	event_free(rt->stats_timer);
+	event_free(rt->justfree_ev);
+	event_free(rt->sig_hup);
+	event_free(rt->sig_term);
+	event_free(rt->sig_int);
+	event_free(rt->sig_quit);
+	event_free(rt->sig_usr1);
+	event_free(rt->sig_usr2);
+	dns_free(rt->dns);
+	pool_free_all();
+	event_base_free(rt->base);
+	pkt_free(&rt->pb);
+}
+
+void runtime_init(void)
+{
+	TAILQ_INIT(&rt->dbs);
+	TAILQ_INIT(&rt->pools);
+	TAILQ_INIT(&rt->login_clients);
+	TAILQ_INIT(&rt->admin_clients);
+	TAILQ_INIT(&rt->closing_clients);
+	TAILQ_INIT(&rt->justfree_clients);
+	TAILQ_INIT(&rt->justfree_servers);
+	pkt_init(&rt->pb);
+}
