@@ -92,6 +92,7 @@ struct lk_stats {
 struct lk_db;
 struct pool;
 struct server;
+struct cancel_req;
 
 struct client {
 	TAILQ_ENTRY(client) entry;
@@ -188,6 +189,7 @@ struct pool {
 	char *last_error;
 	struct lk_stats stats, prev_stats, avg;
 	usec_t last_used;
+	int mode;			/* cached pool_mode_of(); refreshed on reload and SET */
 };
 
 TAILQ_HEAD(db_list, lk_db);
@@ -211,6 +213,7 @@ struct lk_runtime {
 	struct pool_list pools;
 	struct client_list login_clients, admin_clients, closing_clients, justfree_clients;
 	struct server_list justfree_servers;
+	LIST_HEAD(cancel_list, cancel_req) cancel_reqs;	/* CancelRequests on their way to servers */
 	struct listener *listeners;
 	int n_listeners;
 	struct event *janitor, *stats_timer, *justfree_ev;
@@ -262,6 +265,7 @@ void server_send_hidden(struct server *s, const char *sql);
 const char *server_ident(const struct server *s, char *buf, size_t len);
 void server_free_now(struct server *s);
 void server_cancel(struct server *s);
+void server_cancel_free_all(void);
 
 /* pool.c */
 struct lk_db *db_lookup(const char *name, bool create_auto);

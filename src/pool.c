@@ -90,6 +90,8 @@ struct lk_db *db_lookup(const char *name, bool create_auto)
 
 /* ---- pools ---- */
 
+static int pool_mode_lookup(const struct pool *p);
+
 static const char *pool_password(const struct lk_db *db, const struct auth_entry *auth)
 {
 	if (db->conf.user)
@@ -121,11 +123,17 @@ struct pool *pool_get(struct lk_db *db, const char *user, const struct auth_entr
 	TAILQ_INIT(&p->tested_servers);
 	TAILQ_INIT(&p->login_servers);
 	p->last_used = now_mono();
+	p->mode = pool_mode_lookup(p);
 	TAILQ_INSERT_TAIL(&rt->pools, p, entry);
 	return p;
 }
 
 int pool_mode_of(const struct pool *p)
+{
+	return p->mode;
+}
+
+static int pool_mode_lookup(const struct pool *p)
 {
 	const struct user_conf *uc = config_find_user(rt->cf, p->user);
 	if (uc && uc->pool_mode >= 0)
@@ -264,14 +272,30 @@ static void pool_link(struct client *c, struct server *s)
 	sync_vars(c, s);
 }
 
+/* Server connections logged in as `user`, over every pool. */
+static int user_server_count(const char *user)
+{
+	struct pool *p;
+	int n = 0;
+	TAILQ_FOREACH(p, &rt->pools, entry)
+		if (strcmp(p->login_user, user) == 0)
+			n += pool_server_total(p);
+	return n;
+}
+
 static bool can_launch(struct pool *p, bool reserve)
 {
+	const struct user_conf *uc = config_find_user(rt->cf, p->login_user);
+	int umax = uc && uc->max_user_connections > 0 ? uc->max_user_connections : rt->cf->max_user_connections;
+
 	int limit = pool_size_of(p) + (reserve ? reserve_size_of(p) : 0);
 	int dbmax = p->db->conf.max_db_connections > 0 ? p->db->conf.max_db_connections : rt->cf->max_db_connections;
 
 	if (pool_server_total(p) >= limit)
 		return false;
 	if (dbmax > 0 && p->db->server_count >= dbmax)
+		return false;
+	if (umax > 0 && user_server_count(p->login_user) >= umax)
 		return false;
 	if (p->last_connect_fail && now_mono() - p->last_connect_fail < rt->cf->server_login_retry && p->n_login_cl == 0)
 		return false;
@@ -518,6 +542,7 @@ void pool_apply_config(struct lk_config *old)
 				p->login_user = xstrdup(lu);
 			}
 		}
+		p->mode = pool_mode_lookup(p);
 		pool_activate(p);
 	}
 }

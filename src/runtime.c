@@ -204,6 +204,8 @@ bool lokadb_reload(char *err, size_t errlen)
 		config_format(nc, s, b, sizeof(b));
 		if (strcmp(a, b) != 0)
 			log_warning("RELOAD: setting %s cannot be changed at run time; restart lokadb to use \"%s\"", s->name, b);
+		if (s->type == CF_STR)
+			free(*(char **)((char *)nc + s->offset));
 		memcpy((char *)nc + s->offset, (char *)rt->cf + s->offset,
 		       s->type == CF_STR ? sizeof(char *) : s->type == CF_TIME || s->type == CF_SIZE ? sizeof(int64_t) : sizeof(int));
 		if (s->type == CF_STR)
@@ -398,6 +400,7 @@ void runtime_teardown(void)
 	while (!TAILQ_EMPTY(&rt->closing_clients))
 		client_free_now(TAILQ_FIRST(&rt->closing_clients));
 	justfree_cb(-1, 0, NULL);
+	server_cancel_free_all();
 	close_listeners();
 	event_free(rt->janitor);
 	event_free(rt->stats_timer);
@@ -421,6 +424,7 @@ void runtime_init(void)
 	TAILQ_INIT(&rt->login_clients);
 	TAILQ_INIT(&rt->admin_clients);
 	TAILQ_INIT(&rt->closing_clients);
+	LIST_INIT(&rt->cancel_reqs);
 	TAILQ_INIT(&rt->justfree_clients);
 	TAILQ_INIT(&rt->justfree_servers);
 	pkt_init(&rt->pb);

@@ -571,16 +571,30 @@ void server_process(struct server *s)
 /* ---- cancel ---- */
 
 struct cancel_req {
+	LIST_ENTRY(cancel_req) entry;
 	struct bufferevent *bev;
 };
 
+static void cancel_free(struct cancel_req *cr)
+{
+	LIST_REMOVE(cr, entry);
+	bufferevent_free(cr->bev);
+	free(cr);
+}
+
 static void cancel_event_cb(struct bufferevent *bev, short what, void *arg)
 {
-	struct cancel_req *cr = arg;
+	(void)bev;
 	if (what & BEV_EVENT_CONNECTED)
 		return;
-	bufferevent_free(bev);
-	free(cr);
+	cancel_free(arg);
+}
+
+/* At exit: drop cancel requests still on their way. */
+void server_cancel_free_all(void)
+{
+	while (!LIST_EMPTY(&rt->cancel_reqs))
+		cancel_free(LIST_FIRST(&rt->cancel_reqs));
 }
 
 static void cancel_write_cb(struct bufferevent *bev, void *arg)
@@ -608,11 +622,10 @@ void server_cancel(struct server *s)
 	pkt[6] = (PROTO_CANCEL_CODE >> 8) & 0xff;
 	pkt[7] = PROTO_CANCEL_CODE & 0xff;
 	memcpy(pkt + 8, s->cancel_key, 8);
+	LIST_INSERT_HEAD(&rt->cancel_reqs, cr, entry);
 	bufferevent_setcb(cr->bev, NULL, cancel_write_cb, cancel_event_cb, cr);
 	bufferevent_write(cr->bev, pkt, sizeof(pkt));
 	bufferevent_enable(cr->bev, EV_READ);
-	if (bufferevent_socket_connect(cr->bev, (struct sockaddr *)&s->addr, (int)s->addrlen) < 0) {
-		bufferevent_free(cr->bev);
-		free(cr);
-	}
+	if (bufferevent_socket_connect(cr->bev, (struct sockaddr *)&s->addr, (int)s->addrlen) < 0)
+		cancel_free(cr);
 }
