@@ -153,17 +153,18 @@ static const char *const sock_cols[] = {
 
 static void client_row(struct admin_ctx *a, struct client *c, const char *state)
 {
-	char host[64], b[8][24], ct[40], ptr[24], link[24];
-	int port;
+	char host[64], lhost[64], b[8][24], ct[40], ptr[24], link[24];
+	int port, lport;
 	usec_t wait = c->state == CL_WAITING ? now_mono() - c->wait_start : 0;
 	const char *v[N_SOCK_COLS];
 
 	addr_to_str(&c->addr, host, sizeof(host), &port);
+	addr_to_str(&c->local, lhost, sizeof(lhost), &lport);
 	fmt_time(ct, sizeof(ct), c->connect_time);
 	snprintf(ptr, sizeof(ptr), "%p", (void *)c);
 	snprintf(link, sizeof(link), "%p", (void *)c->link);
 	v[0] = "C"; v[1] = c->user; v[2] = c->dbname; v[3] = "no"; v[4] = state; v[5] = host;
-	v[6] = fmt_int(b[0], port); v[7] = "127.0.0.1"; v[8] = fmt_int(b[1], rt->cf->listen_port);
+	v[6] = fmt_int(b[0], port); v[7] = lhost; v[8] = fmt_int(b[1], lport);
 	v[9] = ct; v[10] = ct; v[11] = fmt_int(b[2], wait / USEC); v[12] = fmt_int(b[3], wait % USEC);
 	v[13] = "0"; v[14] = ptr; v[15] = c->link ? link : ""; v[16] = "0"; v[17] = "";
 	v[18] = c->vars.v[VAR_APPNAME] ? c->vars.v[VAR_APPNAME] : ""; v[19] = "0";

@@ -67,8 +67,13 @@ void client_accept(int fd, const struct sockaddr *sa, int salen, bool is_unix)
 	c->state = CL_LOGIN;
 	if (salen > 0 && (size_t)salen <= sizeof(c->addr))
 		memcpy(&c->addr, sa, (size_t)salen);
-	if (is_unix)
+	if (is_unix) {
 		c->addr.ss_family = AF_UNIX;
+	} else {
+		socklen_t ll = sizeof(c->local);
+		if (getsockname(fd, (struct sockaddr *)&c->local, &ll) < 0)
+			memset(&c->local, 0, sizeof(c->local));
+	}
 	c->connect_time = now_wall();
 	c->login_start = c->request_time = now_mono();
 	c->bev = bufferevent_socket_new(rt->base, fd, BEV_OPT_CLOSE_ON_FREE);
@@ -81,6 +86,8 @@ void client_accept(int fd, const struct sockaddr *sa, int salen, bool is_unix)
 	rt->n_clients++;
 	bufferevent_setcb(c->bev, client_read_cb, client_write_cb, client_event_cb, c);
 	bufferevent_setwatermark(c->bev, EV_WRITE, WRITE_LOW_WATER, 0);
+	bufferevent_disable(c->bev, EV_WRITE);
+	conn_write_through(&c->out, c->bev);
 	evutil_secure_rng_get_bytes(c->cancel_key, sizeof(c->cancel_key));
 	if (rt->n_clients > rt->cf->max_client_conn) {
 		client_close(c, "53300", "no more connections allowed (max_client_conn)");
@@ -162,7 +169,7 @@ void client_free_now(struct client *c)
 	if (c->state == CL_JUSTFREE)
 		return;
 	if (c->bev) {
-		bufferevent_free(c->bev);
+		conn_free(&c->out, c->bev);
 		c->bev = NULL;
 	}
 	client_unlist(c);
@@ -180,6 +187,7 @@ static void client_write_cb(struct bufferevent *bev, void *arg)
 			client_free_now(c);
 		return;
 	}
+	conn_write_idle(c->bev);
 	/* the client drained what the server sent: let the server talk again */
 	if (c->link && c->link->throttled) {
 		c->link->throttled = false;

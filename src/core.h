@@ -89,6 +89,14 @@ struct lk_stats {
 	uint64_t xact_time, query_time, wait_time;	/* usec */
 };
 
+/* Write-through state of a connection's output (util.c). */
+struct wt_out {
+	TAILQ_ENTRY(wt_out) entry;	/* on rt->flush_list while queued */
+	struct bufferevent *bev;
+	bool queued;
+};
+TAILQ_HEAD(wt_list, wt_out);
+
 struct lk_db;
 struct pool;
 struct server;
@@ -99,6 +107,7 @@ struct client {
 	uint64_t id;
 	enum client_state state;
 	struct bufferevent *bev;
+	struct wt_out out;
 	struct pool *pool;
 	struct lk_db *db;
 	struct server *link;
@@ -128,6 +137,7 @@ struct server {
 	uint64_t id;
 	enum server_state state;
 	struct bufferevent *bev;
+	struct wt_out out;
 	struct pool *pool;
 	struct client *link;
 	struct sockaddr_storage addr;
@@ -216,7 +226,8 @@ struct lk_runtime {
 	LIST_HEAD(cancel_list, cancel_req) cancel_reqs;	/* CancelRequests on their way to servers */
 	struct listener *listeners;
 	int n_listeners;
-	struct event *janitor, *stats_timer, *justfree_ev;
+	struct event *janitor, *stats_timer, *justfree_ev, *flush_ev;
+	struct wt_list flush_list;		/* outputs to write at the end of this loop turn */
 	struct event *sig_hup, *sig_term, *sig_int, *sig_quit, *sig_usr1, *sig_usr2;
 	struct dns_ctx *dns;
 	int n_clients;			/* all client connections, for max_client_conn */
@@ -241,6 +252,12 @@ void varcache_free(struct varcache *vc);
 void varcache_set(struct varcache *vc, enum var_id id, const char *value);
 int varcache_lookup(const char *name);
 const char *varcache_name(enum var_id id);
+
+/* write-through output (util.c) */
+void conn_write_through(struct wt_out *wt, struct bufferevent *bev);
+void conn_write_idle(struct bufferevent *bev);
+void conn_free(struct wt_out *wt, struct bufferevent *bev);
+void conn_flush_all(void);
 
 /* pendq */
 bool pend_push(struct pendq *q, enum pend_kind k);

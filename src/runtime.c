@@ -349,6 +349,14 @@ static void justfree_cb(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
+static void flush_cb(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	(void)arg;
+	conn_flush_all();
+}
+
 static struct event *add_signal(int sig)
 {
 	struct event *ev = evsignal_new(rt->base, sig, signal_cb, NULL);
@@ -368,6 +376,7 @@ bool runtime_setup_events(void)
 	rt->janitor = event_new(rt->base, -1, EV_PERSIST, janitor_cb, NULL);
 	rt->stats_timer = event_new(rt->base, -1, EV_PERSIST, stats_cb, NULL);
 	rt->justfree_ev = event_new(rt->base, -1, 0, justfree_cb, NULL);
+	rt->flush_ev = event_new(rt->base, -1, 0, flush_cb, NULL);
 	event_add(rt->janitor, &jt);
 	event_add(rt->stats_timer, &st);
 	rt->sig_hup = add_signal(SIGHUP);
@@ -405,6 +414,7 @@ void runtime_teardown(void)
 	event_free(rt->janitor);
 	event_free(rt->stats_timer);
 	event_free(rt->justfree_ev);
+	event_free(rt->flush_ev);
 	event_free(rt->sig_hup);
 	event_free(rt->sig_term);
 	event_free(rt->sig_int);
@@ -425,6 +435,7 @@ void runtime_init(void)
 	TAILQ_INIT(&rt->admin_clients);
 	TAILQ_INIT(&rt->closing_clients);
 	LIST_INIT(&rt->cancel_reqs);
+	TAILQ_INIT(&rt->flush_list);
 	TAILQ_INIT(&rt->justfree_clients);
 	TAILQ_INIT(&rt->justfree_servers);
 	pkt_init(&rt->pb);

@@ -156,7 +156,7 @@ void server_close(struct server *s, const char *reason, ...)
 void server_free_now(struct server *s)
 {
 	if (s->bev) {
-		bufferevent_free(s->bev);
+		conn_free(&s->out, s->bev);
 		s->bev = NULL;
 	}
 	TAILQ_INSERT_TAIL(&rt->justfree_servers, s, entry);
@@ -169,6 +169,7 @@ static void server_event_cb(struct bufferevent *bev, short what, void *arg)
 	(void)bev;
 	if (what & BEV_EVENT_CONNECTED) {
 		s->connected = true;
+		conn_write_through(&s->out, s->bev);
 		server_start_login(s);
 		return;
 	}
@@ -192,6 +193,8 @@ static void server_write_cb(struct bufferevent *bev, void *arg)
 	struct server *s = arg;
 	struct client *c = s->link;
 	(void)bev;
+	if (s->connected)
+		conn_write_idle(s->bev);
 	if (c && c->throttled && !c->closing) {
 		c->throttled = false;
 		bufferevent_enable(c->bev, EV_READ);

@@ -148,3 +148,90 @@ void pend_free(struct pendq *q)
 	free(q->kind);
 	memset(q, 0, sizeof(*q));
 }
+
+/* ---- write-through output ----
+ *
+ * A bufferevent normally writes only when the loop reports the socket
+ * writable, which costs two epoll_ctl calls and a loop turn per reply. Our
+ * client and server sockets keep EV_WRITE disabled instead and write their
+ * output directly, once per loop turn: adding to an output buffer queues its
+ * connection on rt->flush_list, and rt->flush_ev (made active, so it runs in
+ * the same loop turn after the current callbacks) writes every queued buffer.
+ * Only when the kernel does not take everything is EV_WRITE enabled, until
+ * the owner's write callback sees the buffer empty and calls
+ * conn_write_idle().
+ *
+ * The bufferevent's own buffer callbacks are left alone (not deferred): they
+ * must not run after bufferevent_free().
+ */
+static void conn_out_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
+{
+	struct wt_out *wt = arg;
+	(void)buf;
+
+	if (info->n_added == 0 || wt->queued)
+		return;
+	wt->queued = true;
+	TAILQ_INSERT_TAIL(&rt->flush_list, wt, entry);
+	event_active(rt->flush_ev, EV_TIMEOUT, 0);
+}
+
+static void conn_flush_one(struct wt_out *wt)
+{
+	struct bufferevent *bev = wt->bev;
+	struct evbuffer *buf = bufferevent_get_output(bev);
+	bufferevent_data_cb readcb, writecb;
+	bufferevent_event_cb eventcb;
+	void *cbarg;
+	int fd = bufferevent_getfd(bev);
+
+	if (fd < 0 || (bufferevent_get_enabled(bev) & EV_WRITE))
+		return;
+	while (evbuffer_get_length(buf) > 0 && evbuffer_write(buf, fd) > 0)
+		;
+	if (evbuffer_get_length(buf) > 0) {
+		bufferevent_enable(bev, EV_WRITE);	/* full, or an error the bufferevent will report */
+		return;
+	}
+	bufferevent_getcb(bev, &readcb, &writecb, &eventcb, &cbarg);
+	if (writecb)
+		writecb(bev, cbarg);
+}
+
+/* rt->flush_ev: write every queued output buffer. */
+void conn_flush_all(void)
+{
+	struct wt_out *wt;
+
+	while ((wt = TAILQ_FIRST(&rt->flush_list))) {
+		TAILQ_REMOVE(&rt->flush_list, wt, entry);
+		wt->queued = false;
+		conn_flush_one(wt);
+	}
+}
+
+void conn_write_through(struct wt_out *wt, struct bufferevent *bev)
+{
+	wt->bev = bev;
+	wt->queued = false;
+	evbuffer_add_cb(bufferevent_get_output(bev), conn_out_cb, wt);
+}
+
+void conn_write_idle(struct bufferevent *bev)
+{
+	if (evbuffer_get_length(bufferevent_get_output(bev)) == 0 && (bufferevent_get_enabled(bev) & EV_WRITE))
+		bufferevent_disable(bev, EV_WRITE);
+}
+
+/* Free a bufferevent, with its write-through state if it has one. */
+void conn_free(struct wt_out *wt, struct bufferevent *bev)
+{
+	if (wt && wt->bev == bev) {
+		evbuffer_remove_cb(bufferevent_get_output(bev), conn_out_cb, wt);
+		if (wt->queued)
+			TAILQ_REMOVE(&rt->flush_list, wt, entry);
+		wt->queued = false;
+		wt->bev = NULL;
+	}
+	bufferevent_free(bev);
+}
