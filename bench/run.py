@@ -37,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 
+sys.dont_write_bytecode = True   # keep bench/ free of __pycache__
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib as bl  # noqa: E402
 
@@ -163,13 +164,13 @@ def lokadb_build_info(binary):
 
 
 def command_line():
+    """The command as markdown: `make bench` when make ran us, else the python line."""
     env = [f"{k}={shlex.quote(v)}" for k, v in sorted(os.environ.items())
            if k.startswith("BENCH_")]
-    argv = [sys.executable] + sys.argv
-    s = " ".join(env + [shlex.quote(a) for a in argv])
-    if os.environ.get("MAKELEVEL"):
-        s += "  (run by `make bench`)"
-    return s
+    argv = " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv)
+    if os.environ.get("MAKELEVEL") and len(sys.argv) == 1:
+        return f"`{' '.join(env + ['make bench'])}` (which runs `{argv}`)"
+    return f"`{' '.join(env + [argv])}`"
 
 
 # --------------------------------------------------------------------------
@@ -434,7 +435,7 @@ def render(bench, results, meta):
     L.append(f"- Versions: {v['postgres']}; {v['pgbouncer']} (Debian); {v['lokadb']}; "
              f"{v['pgbench']}")
     L.append(f"- lokadb binary: {bench.lokadb_src}")
-    L.append(f"- Command: `{meta['command']}`")
+    L.append(f"- Command: {meta['command']}")
     L.append(f"- BENCH_SECONDS={o.seconds}: measured seconds per target and row, in "
              f"{o.rounds} interleaved round(s) of {'/'.join(map(str, split_seconds(o.seconds, o.rounds)))} s; "
              f"warm-up {o.warmup} s per target and row"

@@ -187,8 +187,11 @@ static void conn_flush_one(struct wt_out *wt)
 
 	if (fd < 0 || (bufferevent_get_enabled(bev) & EV_WRITE))
 		return;
+	/* a bufferevent keeps its output's start frozen; it unfreezes it the same way to write */
+	evbuffer_unfreeze(buf, 1);
 	while (evbuffer_get_length(buf) > 0 && evbuffer_write(buf, fd) > 0)
 		;
+	evbuffer_freeze(buf, 1);
 	if (evbuffer_get_length(buf) > 0) {
 		bufferevent_enable(bev, EV_WRITE);	/* full, or an error the bufferevent will report */
 		return;

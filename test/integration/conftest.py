@@ -14,10 +14,15 @@ Run:  cd test/integration && LOKADB_BIN=/abs/lokadb /usr/bin/python3 -m pytest -
 """
 
 import os
+import signal
 
 import pytest
 
-from lokadb_harness import Bouncer, Postgres, TempTree
+from lokadb_harness import SLOW, Bouncer, Postgres, TempTree
+
+# No test may run longer than this: a pooler that never answers must fail the
+# test, not hang the suite (psycopg calls have no query timeout of their own).
+TEST_TIMEOUT = 45 * SLOW
 
 # libpq reads PG* variables; the tests must not inherit someone's PGHOST.
 for _k in list(os.environ):
@@ -31,6 +36,24 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
     setattr(item, "rep_" + rep.when, rep)
+
+
+class TestTimeout(Exception):
+    pass
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """Per-test watchdog (SIGALRM): raises TestTimeout in the test's frame."""
+    def expired(signum, frame):
+        raise TestTimeout(f"test still running after {TEST_TIMEOUT:.0f}s: lokadb hangs?")
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, TEST_TIMEOUT)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 @pytest.fixture(scope="session")

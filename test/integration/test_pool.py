@@ -209,3 +209,20 @@ def test_client_without_parameters_gets_server_defaults_after_another_client(bou
     assert w.scalar("show timezone") == PG_DEFAULT_TIMEZONE
     assert w.scalar("show datestyle") != PARAMS_B["DateStyle"]
     assert w.scalar("show client_encoding") != PARAMS_B["client_encoding"]
+
+
+def test_set_of_a_reported_parameter_follows_its_client_in_transaction_mode(bouncer_factory):
+    """A SET the server reports with ParameterStatus belongs to the client
+    that ran it, not to the server connection it happened to use."""
+    b = bouncer_factory(settings={"pool_mode": "transaction", "default_pool_size": 1})
+    wa = b.login("p0")
+    wb = b.login("p0")
+    pid = wa.scalar("select pg_backend_pid()")
+    wa.query("set timezone = 'UTC'")
+    wa.query("set application_name = 'set-by-a'")
+    assert wa.params.get("TimeZone") == "UTC"
+    assert wb.scalar("select pg_backend_pid()") == pid
+    assert wb.scalar("show timezone") == PG_DEFAULT_TIMEZONE
+    assert wb.scalar("show application_name") != "set-by-a"
+    assert wa.scalar("show timezone") == "UTC"
+    assert wa.scalar("show application_name") == "set-by-a"

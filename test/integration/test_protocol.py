@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from psycopg import errors
 
-from lokadb_harness import SLOW, BgCall, PgError, Wire, assert_serves, backend_pid
+from lokadb_harness import SLOW, BgCall, PgError, Wire, assert_serves, message
 
 MODES = ["session", "transaction"]
 
@@ -267,3 +267,53 @@ def test_server_killed_mid_transaction_gives_the_client_an_error(bouncer_factory
     assert kind == "error", f"expected an ErrorResponse, got {kind}"
     assert fields.get("C") in ("08006", "57P01"), fields
     assert_serves(b)
+
+
+@pytest.mark.parametrize("pool_mode", MODES)
+def test_cancel_reaches_only_the_query_of_the_cancelling_client(bouncer_factory, pool_mode):
+    b = make(bouncer_factory, pool_mode, default_pool_size=2)
+    a = b.connect("p0")
+    other = b.connect("p0")
+    other_call = BgCall(other.execute, "select pg_sleep(1.5)")
+    time.sleep(0.2)
+    t = threading.Timer(0.3, a.cancel)
+    t.start()
+    try:
+        with pytest.raises(errors.QueryCanceled):
+            a.execute("select pg_sleep(5)")
+    finally:
+        t.cancel()
+    other_call.result(5 * SLOW)      # not canceled
+    assert other.execute("select 1").fetchone()[0] == 1
+
+
+# ---------------------------------------------------------------- framing --
+
+@pytest.mark.parametrize("pool_mode", MODES)
+def test_messages_split_into_single_bytes_are_reassembled(bouncer_factory, pool_mode):
+    b = make(bouncer_factory, pool_mode)
+    w = b.login("p0")
+    data = (message(b"Q", b"select 'one byte at a time'\0")
+            + Wire.parse_msg("select $1::int + 1") + Wire.bind_msg(params=[41])
+            + Wire.execute_msg() + Wire.sync_msg())
+    for i in range(len(data)):
+        w.send(data[i:i + 1])
+        if i % 7 == 0:
+            time.sleep(0.002)
+    first = w.read_until_ready()
+    assert first.error is None and first.rows == [["one byte at a time"]]
+    second = w.read_until_ready()
+    assert second.error is None and second.rows == [["42"]]
+
+
+@pytest.mark.parametrize("pool_mode", MODES)
+def test_several_queries_in_one_write_all_get_their_results(bouncer_factory, pool_mode):
+    b = make(bouncer_factory, pool_mode, default_pool_size=1)
+    w = b.login("p0")
+    w.send(b"".join(message(b"Q", f"select {i}".encode() + b"\0") for i in range(20)))
+    for i in range(20):
+        res = w.read_until_ready()
+        assert res.error is None and res.rows == [[str(i)]]
+    if pool_mode == "transaction":      # the single server is free again
+        w2 = b.login("p0")
+        assert w2.scalar("select 'next'") == "next"

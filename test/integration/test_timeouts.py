@@ -8,7 +8,7 @@ import time
 import psycopg
 import pytest
 
-from lokadb_harness import SLOW, BgCall, PgError, assert_error, assert_serves, backend_pid, wait_until
+from lokadb_harness import SLOW, BgCall, PgError, assert_error, backend_pid, wait_until
 
 IDLE = 2.5      # longer than every 1 s timeout below, with room for a 1 s timer tick
 
