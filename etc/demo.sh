@@ -18,7 +18,7 @@
 # Run from anywhere; it uses the lokadb binary at the top of the repository
 # (LOKADB_BIN overrides it) and PostgreSQL from /usr/lib/postgresql/15/bin
 # (PG_BIN overrides it). Every step is bounded in time; the whole demo takes
-# about 15 seconds.
+# about 10 seconds.
 
 set -eu
 
@@ -92,7 +92,9 @@ free_port() {
 		return
 	fi
 	p=$(( 20000 + $$ % 20000 + ${1:-0} ))
-	while (echo >/dev/tcp/127.0.0.1/$p) 2>/dev/null; do p=$((p + 1)); done
+	while command -v ss >/dev/null 2>&1 && ss -Htln "sport = :$p" | grep -q .; do
+		p=$((p + 1))
+	done
 	echo $p
 }
 

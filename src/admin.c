@@ -328,7 +328,8 @@ static void show_users(struct admin_ctx *a)
 		}
 		const char *v[8] = {
 			u->name, u->pool_size >= 0 ? fmt_int(b[0], u->pool_size) : "", "",
-			u->pool_mode >= 0 ? mode_name(u->pool_mode) : "", fmt_int(b[1], u->max_user_connections),
+			u->pool_mode >= 0 ? mode_name(u->pool_mode) : "",
+			fmt_int(b[1], u->max_user_connections > 0 ? u->max_user_connections : rt->cf->max_user_connections),
 			fmt_int(b[2], nsv), "0", fmt_int(b[3], ncl),
 		};
 		pkt_data_row(a->pb, 8, v);
@@ -497,8 +498,22 @@ static void cmd_reload(struct admin_ctx *a)
 
 static void cmd_shutdown(struct admin_ctx *a)
 {
+	enum shutdown_mode mode = SHUT_NOW;
+
+	if (a->nargs > 2) {
+		fail(a, "42601", "syntax: SHUTDOWN [WAIT_FOR_SERVERS | WAIT_FOR_CLIENTS]");
+		return;
+	}
+	if (a->nargs == 2 && strcasecmp(a->args[1], "WAIT_FOR_SERVERS") == 0) {
+		mode = SHUT_WAIT_SERVERS;
+	} else if (a->nargs == 2 && strcasecmp(a->args[1], "WAIT_FOR_CLIENTS") == 0) {
+		mode = SHUT_WAIT_CLIENTS;
+	} else if (a->nargs == 2) {
+		fail(a, "42601", "syntax: SHUTDOWN [WAIT_FOR_SERVERS | WAIT_FOR_CLIENTS]");
+		return;
+	}
 	finish(a, "SHUTDOWN");
-	lokadb_shutdown(SHUT_NOW);
+	lokadb_shutdown(mode);
 }
 
 static void cmd_set(struct admin_ctx *a)

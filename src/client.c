@@ -86,6 +86,7 @@ void client_accept(int fd, const struct sockaddr *sa, int salen, bool is_unix)
 	rt->n_clients++;
 	bufferevent_setcb(c->bev, client_read_cb, client_write_cb, client_event_cb, c);
 	bufferevent_setwatermark(c->bev, EV_WRITE, WRITE_LOW_WATER, 0);
+	bufferevent_setwatermark(c->bev, EV_READ, 0, CLIENT_READ_HIGH);
 	bufferevent_disable(c->bev, EV_WRITE);
 	conn_write_through(&c->out, c->bev);
 	evutil_secure_rng_get_bytes(c->cancel_key, sizeof(c->cancel_key));
@@ -448,16 +449,19 @@ static void client_auth_start(struct client *c)
 		client_close(c, "3D000", "no such database: %s", c->dbname);
 		return;
 	}
-	c->auth = config_find_auth(rt->cf, c->user);
+	{
+		const struct auth_entry *ae = config_find_auth(rt->cf, c->user);
+		c->secret = ae ? xstrdup(ae->secret) : NULL;
+	}
 	if (type == AUTH_ANY || type == AUTH_TRUST) {
-		if (type == AUTH_TRUST && rt->cf->n_auth > 0 && !c->auth) {
+		if (type == AUTH_TRUST && rt->cf->n_auth > 0 && !c->secret) {
 			client_close(c, "28000", "no such user: %s", c->user);
 			return;
 		}
 		client_login_done(c);
 		return;
 	}
-	secret = c->auth ? c->auth->secret : NULL;
+	secret = c->secret;
 	if (type == AUTH_PLAIN) {
 		c->auth_step = 1;
 		auth_request(c, 3, NULL, 0);
@@ -481,7 +485,7 @@ sasl:
 
 static bool check_password(struct client *c, const char *given)
 {
-	const char *secret = c->auth ? c->auth->secret : NULL;
+	const char *secret = c->secret;
 	char answer[36];
 
 	if (!secret)
@@ -507,7 +511,7 @@ static bool check_password(struct client *c, const char *given)
 static void sasl_step(struct client *c, const uint8_t *body, uint32_t len)
 {
 	char err[128], *out = NULL;
-	const char *secret = c->auth ? c->auth->secret : NULL;
+	const char *secret = c->secret;
 
 	if (c->auth_step == 2) {
 		/* SASLInitialResponse: mechanism, int32 length, data */
@@ -597,7 +601,7 @@ static void client_login_done(struct client *c)
 		client_welcome(c);
 		return;
 	}
-	c->pool = pool_get(c->db, c->user, c->auth);
+	c->pool = pool_get(c->db, c->user, c->secret);
 	if (!c->pool) {
 		client_close(c, "08P01", "could not create pool");
 		return;
@@ -612,7 +616,6 @@ static void client_login_done(struct client *c)
 		client_welcome(c);
 	} else {
 		pool_set_client_state(c, CL_WAITING_LOGIN);
-		bufferevent_disable(c->bev, EV_READ);
 		if (c->pool->n_login_sv == 0 && c->pool->n_idle_sv + c->pool->n_active_sv == 0)
 			server_launch(c->pool);
 	}
@@ -694,13 +697,9 @@ static void forward_bytes(struct client *c, struct evbuffer *in, uint32_t n)
 static void note_sent_to_server(struct client *c, char type)
 {
 	struct server *s = c->link;
-	usec_t now = now_mono();
 
-	if (!s->pend.count && s->ready) {
-		s->query_start = now;
-		if (s->txn_status == 'I')
-			s->xact_start = now;
-	}
+	if (!s->pend.count)
+		s->query_start = c->request_time;
 	s->ready = false;
 	switch (type) {
 	case 'S':
@@ -749,6 +748,10 @@ static bool client_message(struct client *c, struct evbuffer *in)
 		char *sql;
 		if (hdr[0] != 'Q') {
 			client_close(c, "08P01", "the console supports only the simple query protocol");
+			return false;
+		}
+		if (len > CONSOLE_QUERY_MAX) {
+			client_close(c, "54000", "console command too long: %u bytes", len);
 			return false;
 		}
 		if (evbuffer_get_length(in) < (size_t)len + 1)

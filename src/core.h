@@ -48,6 +48,8 @@
 #define PROTO_V3 196608
 #define WRITE_HIGH_WATER (256 * 1024)	/* stop reading the peer above this much queued output */
 #define WRITE_LOW_WATER (64 * 1024)
+#define CLIENT_READ_HIGH (256 * 1024)	/* unread client input kept at most (waiting clients keep reading to see EOF) */
+#define CONSOLE_QUERY_MAX (64 * 1024)
 #define JANITOR_PERIOD_USEC 200000
 
 /* ParameterStatus values the pooler keeps equal between client and server. */
@@ -128,7 +130,7 @@ struct client {
 	int auth_step;			/* 0 none, 1 cleartext/md5 sent, 2 SASL started, 3 SASL continue */
 	uint8_t md5_salt[4];
 	struct scram_server *scram;
-	const struct auth_entry *auth;
+	char *secret;			/* copy of its auth_file secret (reloads free the config) */
 	char *peer_ident;
 };
 
@@ -286,7 +288,7 @@ void server_cancel_free_all(void);
 
 /* pool.c */
 struct lk_db *db_lookup(const char *name, bool create_auto);
-struct pool *pool_get(struct lk_db *db, const char *user, const struct auth_entry *auth);
+struct pool *pool_get(struct lk_db *db, const char *user, const char *secret);
 int pool_mode_of(const struct pool *p);
 int pool_size_of(const struct pool *p);
 bool pool_acquire(struct client *c);		/* links a server, or queues c: false */

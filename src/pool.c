@@ -92,16 +92,16 @@ struct lk_db *db_lookup(const char *name, bool create_auto)
 
 static int pool_mode_lookup(const struct pool *p);
 
-static const char *pool_password(const struct lk_db *db, const struct auth_entry *auth)
+static const char *pool_password(const struct lk_db *db, const char *secret)
 {
 	if (db->conf.user)
 		return db->conf.password;
 	if (db->conf.password)
 		return db->conf.password;
-	return auth ? auth->secret : NULL;
+	return secret;
 }
 
-struct pool *pool_get(struct lk_db *db, const char *user, const struct auth_entry *auth)
+struct pool *pool_get(struct lk_db *db, const char *user, const char *secret)
 {
 	struct pool *p;
 
@@ -114,7 +114,7 @@ struct pool *pool_get(struct lk_db *db, const char *user, const struct auth_entr
 	p->db = db;
 	p->user = xstrdup(user);
 	p->login_user = xstrdup(db->conf.user ? db->conf.user : user);
-	p->login_password = xstrdup(pool_password(db, auth));
+	p->login_password = xstrdup(pool_password(db, secret));
 	TAILQ_INIT(&p->active_clients);
 	TAILQ_INIT(&p->waiting_clients);
 	TAILQ_INIT(&p->login_clients);
@@ -264,6 +264,7 @@ static void pool_link(struct client *c, struct server *s)
 	s->link = c;
 	c->link = s;
 	s->last_used = now;
+	s->xact_start = s->query_start = now;
 	c->pool->stats.server_assignment_count++;
 	if (c->state == CL_WAITING) {
 		c->pool->stats.wait_time += (uint64_t)(now - c->wait_start);
@@ -313,7 +314,6 @@ bool pool_acquire(struct client *c)
 	}
 	c->wait_start = now_mono();
 	pool_set_client_state(c, CL_WAITING);
-	bufferevent_disable(c->bev, EV_READ);
 	if (!pool_is_paused(p) && p->n_login_sv == 0 && can_launch(p, false))
 		server_launch(p);
 	return false;
@@ -472,10 +472,15 @@ void pool_resume(struct lk_db *db)
 {
 	struct pool *p;
 
-	if (db)
+	struct lk_db *d;
+
+	if (db) {
 		db->paused = false;
-	else
+	} else {
 		rt->paused = false;
+		TAILQ_FOREACH(d, &rt->dbs, entry)
+			d->paused = false;
+	}
 	TAILQ_FOREACH(p, &rt->pools, entry)
 		pool_activate(p);
 }
@@ -530,7 +535,7 @@ void pool_apply_config(struct lk_config *old)
 	}
 	TAILQ_FOREACH(p, &rt->pools, entry) {
 		const struct auth_entry *ae = config_find_auth(rt->cf, p->user);
-		const char *pw = pool_password(p->db, ae);
+		const char *pw = pool_password(p->db, ae ? ae->secret : NULL);
 		if (!str_eq(pw, p->login_password)) {
 			free(p->login_password);
 			p->login_password = xstrdup(pw);
@@ -563,8 +568,11 @@ static void janitor_clients(struct pool *p, usec_t now)
 	TAILQ_FOREACH_SAFE(c, &p->active_clients, entry, tmp) {
 		struct server *s = c->link;
 		usec_t idle = now - c->request_time;
-		if (s && s->ready == false && s->pend.count)
+		if (s && s->pend.count) {
+			if (cf->query_timeout > 0 && now - s->query_start > cf->query_timeout)
+				client_close(c, "57014", "query timeout");
 			continue;	/* a query is running */
+		}
 		if (s && s->txn_status != 'I' && cf->idle_transaction_timeout > 0 && idle > cf->idle_transaction_timeout &&
 		    !s->pend.count)
 			client_close(c, "25P03", "idle transaction timeout");

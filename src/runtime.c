@@ -338,6 +338,7 @@ static void justfree_cb(evutil_socket_t fd, short what, void *arg)
 		scram_server_free(c->scram);
 		free(c->user);
 		free(c->dbname);
+		free(c->secret);
 		free(c);
 	}
 	while ((s = TAILQ_FIRST(&rt->justfree_servers))) {

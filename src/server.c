@@ -417,9 +417,8 @@ static void account_rfq(struct server *s, char status)
 	if (status == 'I') {
 		st->xact_count++;
 		st->xact_time += (uint64_t)(now - s->xact_start);
-	}
-	if (s->txn_status == 'I' && status != 'I')
 		s->xact_start = now;
+	}
 }
 
 static void server_became_ready(struct server *s)

@@ -8,8 +8,9 @@
  * Input layout: one selector byte, then the messages.
  *   bits 0-2  how the bytes are cut into writes (harness.h h_chunks[])
  *   bit 3     log in as the stats-only user `stats` instead of `admin`
- * The harness sends a valid v3 startup packet for that user and the console
- * database `lokadb` (auth_type trust) before the messages.
+ * The harness first sends a valid v3 startup packet for that user and the
+ * console database `lokadb` (auth_type trust) in a write of its own and
+ * checks the login, then the messages.
  *
  * Console commands change the runtime: SHUTDOWN sets rt->shutdown and breaks
  * the loop, PAUSE/KILL pause, SET and RELOAD change rt->cf. None of that ends
@@ -77,9 +78,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	uint8_t sel = size ? data[0] : 0;
 	int who = (sel >> 3) & 1;
+	int fd = h_open();
 
-	h_run(startups[who].bytes, startups[who].len, size ? data + 1 : data, size ? size - 1 : 0,
-	      h_chunks[sel & 7]);
+	h_send(fd, startups[who].bytes, startups[who].len, 0);
+	if (TAILQ_EMPTY(&rt->admin_clients))
+		h_die("the startup packet did not log in to the console");
+	h_send(fd, size ? data + 1 : data, size ? size - 1 : 0, h_chunks[sel & 7]);
+	h_close(fd);
 	h_reset(true);
 	return 0;
 }

@@ -55,9 +55,12 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	uint8_t sel = size ? data[0] : 0;
+	int fd;
 
 	rt->cf->auth_type = auth_types[(sel >> 3) & 3];
-	h_run(NULL, 0, size ? data + 1 : data, size ? size - 1 : 0, h_chunks[sel & 7]);
+	fd = h_open();
+	h_send(fd, size ? data + 1 : data, size ? size - 1 : 0, h_chunks[sel & 7]);
+	h_close(fd);
 	h_reset(true);	/* a console login may have run SET or RELOAD */
 	return 0;
 }

@@ -4,15 +4,19 @@
  * listen sockets, and one client connection per input over a socketpair.
  *
  * The targets drive the real client code. For each input:
- *   1. client_accept() takes one end of a fresh socketpair, as accept_cb does;
- *   2. the bytes are written into the other end, whole or in chunks, with a
- *      turn of the event loop after each chunk, and our write side is shut;
- *   3. the loop is turned and whatever the pooler answered is read and
- *      dropped; then our end is closed;
- *   4. the loop is turned until the client (and any server it caused) has
- *      been freed through the runtime's own justfree event.
- * A connection still alive H_STUCK_USEC after step 3 is reported as a crash
- * (abort), so the input that hangs a client is kept.
+ *   1. h_open(): client_accept() takes one end of a fresh socketpair, as
+ *      runtime.c's accept_cb does;
+ *   2. h_send(): the bytes are written into the other end, whole or in
+ *      chunks, with a turn of the event loop after each chunk; then the loop
+ *      is turned until quiet and the stall oracle runs (h_check_stall());
+ *   3. h_close(): our write side is shut, the loop turned, whatever the pooler
+ *      answered read and dropped, our end closed, and the loop turned until
+ *      the client (and any server it caused) has been freed through the
+ *      runtime's own justfree event.
+ * Two oracles besides the sanitizers, both abort() so libFuzzer keeps the
+ * input: a client that holds input it could act on while no event will run
+ * it (a hang for a real peer; LOKADB_FUZZ_STALL=0 turns this off), and a
+ * connection still not freed H_STUCK_USEC after our end was closed.
  *
  * Nothing is reached over the network: the only database points at
  * 127.0.0.1 port 1, where connecting is refused at once.
@@ -23,7 +27,8 @@
  * bounded. At exit runtime_teardown() frees everything, so LeakSanitizer sees
  * a clean process.
  *
- * Set LOKADB_FUZZ_LOG=1 to see the pooler's log on stderr.
+ * Set LOKADB_FUZZ_LOG=1 to see the pooler's log on stderr, LOKADB_FUZZ_DUMP=1
+ * to see what it answered.
  *
  * Included by exactly one fuzz_*.c each (it defines functions).
  */
@@ -32,18 +37,19 @@
 
 #include "core.h"
 
+#include <sanitizer/common_interface_defs.h>
+
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <limits.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
+#define H_QUIET_TURNS 8			/* turns after the last write for the answers to flow */
 #define H_SETTLE_TURNS 64		/* loop turns after our write side is shut */
 #define H_SPIN_TURNS 1000		/* then turns without sleeping ... */
 #define H_STUCK_USEC (2 * USEC)		/* ... and with, until a client counts as stuck */
@@ -58,6 +64,8 @@ static struct {
 	char dir[64];
 	char ini[PATH_MAX];
 	bool made;
+	bool dump;
+	bool stall_check;
 } h;
 
 /* UBSan reports are crashes, not log lines the fuzzer walks past. */
@@ -67,9 +75,26 @@ const char *__ubsan_default_options(void)
 	return "halt_on_error=1:print_stacktrace=1";
 }
 
+static int h_rm(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+	(void)st;
+	(void)flag;
+	(void)ftw;
+	return remove(path);
+}
+
+/* Remove the temp dir; also the sanitizers' death callback, so crashes leave nothing behind. */
+static void h_rmdir(void)
+{
+	if (h.made)
+		nftw(h.dir, h_rm, 8, FTW_DEPTH | FTW_PHYS);
+	h.made = false;
+}
+
 static void h_die(const char *what)
 {
 	fprintf(stderr, "fuzz harness: %s\n", what);
+	h_rmdir();
 	abort();
 }
 
@@ -84,23 +109,13 @@ static void h_write_file(const char *name, const char *text)
 		h_die("could not write the config files");
 }
 
-static int h_rm(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st;
-	(void)flag;
-	(void)ftw;
-	return remove(path);
-}
-
 static struct lk_config *h_load_config(void)
 {
 	char err[1024];
 	struct lk_config *cf = config_load(h.ini, err, sizeof(err));
 
-	if (!cf) {
-		fprintf(stderr, "fuzz harness: %s\n", err);
-		abort();
-	}
+	if (!cf)
+		h_die(err);
 	return cf;
 }
 
@@ -110,8 +125,7 @@ static void h_exit(void)
 	config_free(rt->cf);
 	rt->cf = NULL;
 	log_close();
-	if (h.made)
-		nftw(h.dir, h_rm, 8, FTW_DEPTH | FTW_PHYS);
+	h_rmdir();
 }
 
 /*
@@ -128,6 +142,7 @@ static void h_setup(const char *ini_text, const char *userlist)
 	if (!mkdtemp(h.dir))
 		h_die("mkdtemp failed");
 	h.made = true;
+	__sanitizer_set_death_callback(h_rmdir);
 	snprintf(h.ini, sizeof(h.ini), "%s/lokadb.ini", h.dir);
 	h_write_file("lokadb.ini", ini_text);
 	if (userlist)
@@ -135,6 +150,8 @@ static void h_setup(const char *ini_text, const char *userlist)
 
 	runtime_init();
 	rt->quiet = getenv("LOKADB_FUZZ_LOG") == NULL;
+	h.dump = getenv("LOKADB_FUZZ_DUMP") != NULL;
+	h.stall_check = !getenv("LOKADB_FUZZ_STALL") || strcmp(getenv("LOKADB_FUZZ_STALL"), "0") != 0;
 	rt->config_path = h.ini;
 	rt->cf = h_load_config();
 	runtime_apply_log_settings();
@@ -158,13 +175,27 @@ static bool h_idle(void)
 	struct pool *p;
 
 	if (rt->n_clients || !TAILQ_EMPTY(&rt->login_clients) || !TAILQ_EMPTY(&rt->admin_clients) ||
-	    !TAILQ_EMPTY(&rt->justfree_clients) || !TAILQ_EMPTY(&rt->justfree_servers))
+	    !TAILQ_EMPTY(&rt->closing_clients) || !TAILQ_EMPTY(&rt->justfree_clients) ||
+	    !TAILQ_EMPTY(&rt->justfree_servers) || !LIST_EMPTY(&rt->cancel_reqs))
 		return false;
 	TAILQ_FOREACH(p, &rt->pools, entry)
 		if (p->n_active_cl + p->n_waiting_cl + p->n_login_cl ||
 		    p->n_login_sv + p->n_idle_sv + p->n_active_sv + p->n_tested_sv)
 			return false;
 	return true;
+}
+
+/* LOKADB_FUZZ_DUMP=1: what the pooler answered, printable bytes as they are. */
+static void h_dump(const char *buf, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		unsigned char ch = (unsigned char)buf[i];
+		if (ch >= 0x20 && ch < 0x7f)
+			fputc(ch, stderr);
+		else
+			fprintf(stderr, "\\x%02x", ch);
+	}
+	fputc('\n', stderr);
 }
 
 /* Read and drop what the pooler sent; false once it closed its end. */
@@ -176,6 +207,8 @@ static bool h_drain(int fd)
 		return false;
 	for (;;) {
 		ssize_t n = read(fd, buf, sizeof(buf));
+		if (n > 0 && h.dump)
+			h_dump(buf, (size_t)n);
 		if (n > 0)
 			continue;
 		return n < 0 && (errno == EAGAIN || errno == EINTR);
@@ -222,6 +255,7 @@ static void h_report_stuck(void)
 	TAILQ_FOREACH(c, &rt->admin_clients, entry)
 		fprintf(stderr, "  console client %llu closing %d\n", (unsigned long long)c->id, c->closing);
 	fprintf(stderr, "  n_clients %d\n", rt->n_clients);
+	h_rmdir();
 	abort();
 }
 
@@ -258,29 +292,82 @@ static void h_reset(bool fresh_config)
 	pool_apply_config(NULL);
 }
 
-/* One connection: prefix then data through a socketpair; see the header comment. */
-static void h_run(const uint8_t *prefix, size_t plen, const uint8_t *data, size_t size, size_t chunk)
+/*
+ * The oracle for hangs: once the loop has gone quiet, a live client that is
+ * reading must have acted on all the input it can. If calling
+ * client_process() by hand now consumes input, answers or closes, no event
+ * would ever have run it and the peer would wait forever.
+ */
+static void h_check_stall(struct client *c)
 {
-	uint8_t *buf = malloc(plen + size + 1);
+	struct evbuffer *in, *out;
+	size_t in_len, out_len;
+	enum client_state st = c->state;
+
+	if (!h.stall_check || c->closing || !c->bev || !(bufferevent_get_enabled(c->bev) & EV_READ))
+		return;
+	in = bufferevent_get_input(c->bev);
+	out = bufferevent_get_output(c->bev);
+	in_len = evbuffer_get_length(in);
+	out_len = evbuffer_get_length(out);
+	if (!in_len)
+		return;
+	client_process(c);
+	if (!c->closing && c->bev && c->state == st && evbuffer_get_length(in) == in_len &&
+	    evbuffer_get_length(out) == out_len)
+		return;
+	fprintf(stderr, "fuzz harness: client %llu stalled in state %d: it held %zu input bytes it could act on, "
+		"but no event was going to run it (LOKADB_FUZZ_STALL=0 turns this check off)\n",
+		(unsigned long long)c->id, (int)st, in_len);
+	h_rmdir();
+	abort();
+}
+
+static void h_check_stalls(void)
+{
+	struct client *c;
+	struct pool *p;
+
+	TAILQ_FOREACH(c, &rt->login_clients, entry)
+		h_check_stall(c);
+	TAILQ_FOREACH(c, &rt->admin_clients, entry)
+		h_check_stall(c);
+	TAILQ_FOREACH(p, &rt->pools, entry)
+		TAILQ_FOREACH(c, &p->active_clients, entry)
+			h_check_stall(c);
+}
+
+/* Accept a new client on a socketpair; returns our end (non-blocking). */
+static int h_open(void)
+{
 	int sv[2];
 
-	if (!buf || socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
-		h_die("out of memory or sockets");
-	if (plen)
-		memcpy(buf, prefix, plen);
-	if (size)
-		memcpy(buf + plen, data, size);
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+		h_die("socketpair failed");
 	fcntl(sv[1], F_SETFL, fcntl(sv[1], F_GETFL) | O_NONBLOCK);
-
 	client_accept(sv[0], NULL, 0, true);
-	h_feed(sv[1], buf, plen + size, chunk);
-	shutdown(sv[1], SHUT_WR);
+	return sv[1];
+}
+
+/* Send bytes in chunks, let the pooler answer, then look for a stalled client. */
+static void h_send(int fd, const uint8_t *buf, size_t len, size_t chunk)
+{
+	if (!h_feed(fd, buf, len, chunk))
+		return;
+	for (int i = 0; i < H_QUIET_TURNS; i++)
+		h_turn(fd);
+	h_check_stalls();
+}
+
+/* Shut our write side, read the answers, close, and wait until all is freed. */
+static void h_close(int fd)
+{
+	shutdown(fd, SHUT_WR);
 	for (int i = 0; i < H_SETTLE_TURNS && !h_idle(); i++)
-		h_turn(sv[1]);
-	h_drain(sv[1]);
-	close(sv[1]);
+		h_turn(fd);
+	h_drain(fd);
+	close(fd);
 	h_settle();
-	free(buf);
 }
 
 #endif
