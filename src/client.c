@@ -86,9 +86,12 @@ void client_accept(int fd, const struct sockaddr *sa, int salen, bool is_unix)
 	rt->n_clients++;
 	bufferevent_setcb(c->bev, client_read_cb, client_write_cb, client_event_cb, c);
 	bufferevent_setwatermark(c->bev, EV_WRITE, WRITE_LOW_WATER, 0);
-	bufferevent_setwatermark(c->bev, EV_READ, 0, CLIENT_READ_HIGH);
 	bufferevent_disable(c->bev, EV_WRITE);
-	conn_write_through(&c->out, c->bev);
+	conn_write_through(&c->io, c->bev);
+	if (!conn_io_start(&c->io, CLIENT_READ_HIGH)) {
+		client_close(c, NULL, "out of memory");
+		return;
+	}
 	evutil_secure_rng_get_bytes(c->cancel_key, sizeof(c->cancel_key));
 	if (rt->n_clients > rt->cf->max_client_conn) {
 		client_close(c, "53300", "no more connections allowed (max_client_conn)");
@@ -98,7 +101,7 @@ void client_accept(int fd, const struct sockaddr *sa, int salen, bool is_unix)
 		client_close(c, "57P01", "pooler is shutting down");
 		return;
 	}
-	bufferevent_enable(c->bev, EV_READ);
+	conn_read(&c->io, true);
 }
 
 /*
@@ -132,7 +135,7 @@ void client_close(struct client *c, const char *sqlstate, const char *fmt, ...)
 	out = bufferevent_get_output(c->bev);
 	if (sqlstate)
 		pkt_send_error(out, "FATAL", sqlstate, "%s", msg);
-	bufferevent_disable(c->bev, EV_READ);
+	conn_read(&c->io, false);
 	if (evbuffer_get_length(out) == 0) {
 		client_free_now(c);
 		return;
@@ -170,7 +173,7 @@ void client_free_now(struct client *c)
 	if (c->state == CL_JUSTFREE)
 		return;
 	if (c->bev) {
-		conn_free(&c->out, c->bev);
+		conn_free(&c->io, c->bev);
 		c->bev = NULL;
 	}
 	client_unlist(c);
@@ -192,7 +195,7 @@ static void client_write_cb(struct bufferevent *bev, void *arg)
 	/* the client drained what the server sent: let the server talk again */
 	if (c->link && c->link->throttled) {
 		c->link->throttled = false;
-		bufferevent_enable(c->link->bev, EV_READ);
+		conn_read(&c->link->io, true);
 		server_process(c->link);
 	}
 }
@@ -669,7 +672,7 @@ void client_resume(struct client *c)
 		return;
 	if (c->throttled)
 		return;
-	bufferevent_enable(c->bev, EV_READ);
+	conn_read(&c->io, true);
 	client_process(c);
 }
 
@@ -690,7 +693,7 @@ static void forward_bytes(struct client *c, struct evbuffer *in, uint32_t n)
 	s->pool->stats.bytes_received += take;
 	if (evbuffer_get_length(out) > WRITE_HIGH_WATER) {
 		c->throttled = true;
-		bufferevent_disable(c->bev, EV_READ);
+		conn_read(&c->io, false);
 	}
 }
 
@@ -801,4 +804,6 @@ void client_process(struct client *c)
 		if (evbuffer_get_length(in) < 5 || !client_message(c, in))
 			break;
 	}
+	if (!c->closing && c->bev)
+		conn_read_check(&c->io);
 }

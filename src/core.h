@@ -92,12 +92,16 @@ struct lk_stats {
 };
 
 /* Write-through state of a connection's output (util.c). */
-struct wt_out {
-	TAILQ_ENTRY(wt_out) entry;	/* on rt->flush_list while queued */
+struct conn_io {
+	TAILQ_ENTRY(conn_io) entry;	/* on rt->flush_list while queued */
 	struct bufferevent *bev;
+	struct event *rd;		/* our own read event on the bufferevent's socket */
+	size_t rd_high;			/* stop reading with this much unread input (0: no limit) */
 	bool queued;
+	bool rd_want;			/* the owner wants input */
+	bool rd_on;			/* rd is added */
 };
-TAILQ_HEAD(wt_list, wt_out);
+TAILQ_HEAD(conn_io_list, conn_io);
 
 struct lk_db;
 struct pool;
@@ -109,7 +113,7 @@ struct client {
 	uint64_t id;
 	enum client_state state;
 	struct bufferevent *bev;
-	struct wt_out out;
+	struct conn_io io;
 	struct pool *pool;
 	struct lk_db *db;
 	struct server *link;
@@ -139,7 +143,7 @@ struct server {
 	uint64_t id;
 	enum server_state state;
 	struct bufferevent *bev;
-	struct wt_out out;
+	struct conn_io io;
 	struct pool *pool;
 	struct client *link;
 	struct sockaddr_storage addr;
@@ -229,7 +233,7 @@ struct lk_runtime {
 	struct listener *listeners;
 	int n_listeners;
 	struct event *janitor, *stats_timer, *justfree_ev, *flush_ev;
-	struct wt_list flush_list;		/* outputs to write at the end of this loop turn */
+	struct conn_io_list flush_list;		/* outputs to write at the end of this loop turn */
 	struct event *sig_hup, *sig_term, *sig_int, *sig_quit, *sig_usr1, *sig_usr2;
 	struct dns_ctx *dns;
 	int n_clients;			/* all client connections, for max_client_conn */
@@ -256,9 +260,12 @@ int varcache_lookup(const char *name);
 const char *varcache_name(enum var_id id);
 
 /* write-through output (util.c) */
-void conn_write_through(struct wt_out *wt, struct bufferevent *bev);
+void conn_write_through(struct conn_io *wt, struct bufferevent *bev);
+bool conn_io_start(struct conn_io *io, size_t rd_high);
+void conn_read(struct conn_io *io, bool on);
+void conn_read_check(struct conn_io *io);
 void conn_write_idle(struct bufferevent *bev);
-void conn_free(struct wt_out *wt, struct bufferevent *bev);
+void conn_free(struct conn_io *wt, struct bufferevent *bev);
 void conn_flush_all(void);
 
 /* pendq */

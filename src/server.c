@@ -78,7 +78,6 @@ static void server_connect_addr(struct server *s, const struct sockaddr *sa, soc
 	}
 	if (sa->sa_family != AF_UNIX)
 		setsockopt(bufferevent_getfd(s->bev), IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
-	bufferevent_enable(s->bev, EV_READ);
 }
 
 static void server_dns_done(void *arg, const struct sockaddr *sa, socklen_t len, const char *error)
@@ -156,7 +155,7 @@ void server_close(struct server *s, const char *reason, ...)
 void server_free_now(struct server *s)
 {
 	if (s->bev) {
-		conn_free(&s->out, s->bev);
+		conn_free(&s->io, s->bev);
 		s->bev = NULL;
 	}
 	TAILQ_INSERT_TAIL(&rt->justfree_servers, s, entry);
@@ -169,7 +168,12 @@ static void server_event_cb(struct bufferevent *bev, short what, void *arg)
 	(void)bev;
 	if (what & BEV_EVENT_CONNECTED) {
 		s->connected = true;
-		conn_write_through(&s->out, s->bev);
+		conn_write_through(&s->io, s->bev);
+		if (!conn_io_start(&s->io, 0)) {
+			server_close(s, "out of memory");
+			return;
+		}
+		conn_read(&s->io, true);
 		server_start_login(s);
 		return;
 	}
@@ -197,7 +201,7 @@ static void server_write_cb(struct bufferevent *bev, void *arg)
 		conn_write_idle(s->bev);
 	if (c && c->throttled && !c->closing) {
 		c->throttled = false;
-		bufferevent_enable(c->bev, EV_READ);
+		conn_read(&c->io, true);
 		client_process(c);
 	}
 }
@@ -400,7 +404,7 @@ static void move_bytes(struct server *s, struct evbuffer *in, uint32_t n)
 		s->pool->stats.bytes_sent += take;
 		if (evbuffer_get_length(out) > WRITE_HIGH_WATER) {
 			s->throttled = true;
-			bufferevent_disable(s->bev, EV_READ);
+			conn_read(&s->io, false);
 		}
 	}
 	s->fwd_remaining = n - take;

@@ -8,6 +8,9 @@
  */
 #include "core.h"
 
+#include <errno.h>
+#include <sys/socket.h>
+
 #include <arpa/inet.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,7 +169,7 @@ void pend_free(struct pendq *q)
  */
 static void conn_out_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
 {
-	struct wt_out *wt = arg;
+	struct conn_io *wt = arg;
 	(void)buf;
 
 	if (info->n_added == 0 || wt->queued)
@@ -176,7 +179,7 @@ static void conn_out_cb(struct evbuffer *buf, const struct evbuffer_cb_info *inf
 	event_active(rt->flush_ev, EV_TIMEOUT, 0);
 }
 
-static void conn_flush_one(struct wt_out *wt)
+static void conn_flush_one(struct conn_io *wt)
 {
 	struct bufferevent *bev = wt->bev;
 	struct evbuffer *buf = bufferevent_get_output(bev);
@@ -204,7 +207,7 @@ static void conn_flush_one(struct wt_out *wt)
 /* rt->flush_ev: write every queued output buffer. */
 void conn_flush_all(void)
 {
-	struct wt_out *wt;
+	struct conn_io *wt;
 
 	while ((wt = TAILQ_FIRST(&rt->flush_list))) {
 		TAILQ_REMOVE(&rt->flush_list, wt, entry);
@@ -213,7 +216,7 @@ void conn_flush_all(void)
 	}
 }
 
-void conn_write_through(struct wt_out *wt, struct bufferevent *bev)
+void conn_write_through(struct conn_io *wt, struct bufferevent *bev)
 {
 	wt->bev = bev;
 	wt->queued = false;
@@ -226,9 +229,97 @@ void conn_write_idle(struct bufferevent *bev)
 		bufferevent_disable(bev, EV_WRITE);
 }
 
-/* Free a bufferevent, with its write-through state if it has one. */
-void conn_free(struct wt_out *wt, struct bufferevent *bev)
+/* ---- reading ----
+ *
+ * The bufferevent's own reading sizes every read with an FIONREAD ioctl.
+ * Our sockets read with one recv() into the input buffer instead, from an
+ * event of ours on the same socket; the bufferevent's EV_READ stays off.
+ * The owner's read and event callbacks (from bufferevent_getcb()) are called
+ * as the bufferevent would call them.
+ */
+#define CONN_READ_CHUNK 16384
+
+static void conn_update_rd(struct conn_io *io)
 {
+	bool on = io->rd_want && (!io->rd_high ||
+				  evbuffer_get_length(bufferevent_get_input(io->bev)) < io->rd_high);
+	if (on == io->rd_on)
+		return;
+	if (on)
+		event_add(io->rd, NULL);
+	else
+		event_del(io->rd);
+	io->rd_on = on;
+}
+
+static void conn_read_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct conn_io *io = arg;
+	struct bufferevent *bev = io->bev;
+	struct evbuffer *in = bufferevent_get_input(bev);
+	struct evbuffer_iovec v;
+	bufferevent_data_cb readcb, writecb;
+	bufferevent_event_cb eventcb;
+	void *cbarg;
+	ssize_t n;
+	(void)what;
+
+	evbuffer_unfreeze(in, 0);
+	if (evbuffer_reserve_space(in, CONN_READ_CHUNK, &v, 1) < 1) {
+		evbuffer_freeze(in, 0);
+		return;
+	}
+	n = recv(fd, v.iov_base, v.iov_len, 0);
+	if (n > 0) {
+		v.iov_len = (size_t)n;
+		evbuffer_commit_space(in, &v, 1);
+	}
+	evbuffer_freeze(in, 0);
+	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+		return;
+	bufferevent_getcb(bev, &readcb, &writecb, &eventcb, &cbarg);
+	if (n > 0) {
+		conn_update_rd(io);
+		if (readcb)
+			readcb(bev, cbarg);
+		return;
+	}
+	conn_read(io, false);
+	if (eventcb)
+		eventcb(bev, BEV_EVENT_READING | (n == 0 ? BEV_EVENT_EOF : BEV_EVENT_ERROR), cbarg);
+}
+
+/* Set up our read event once the bufferevent has a connected socket. */
+bool conn_io_start(struct conn_io *io, size_t rd_high)
+{
+	io->rd = event_new(rt->base, bufferevent_getfd(io->bev), EV_READ | EV_PERSIST, conn_read_cb, io);
+	io->rd_high = rd_high;
+	return io->rd != NULL;
+}
+
+/* The owner wants (or not) input. */
+void conn_read(struct conn_io *io, bool on)
+{
+	io->rd_want = on;
+	if (io->rd)
+		conn_update_rd(io);
+}
+
+/* After consuming input: resume reading if the high mark had stopped it. */
+void conn_read_check(struct conn_io *io)
+{
+	if (io->rd && io->rd_want && !io->rd_on)
+		conn_update_rd(io);
+}
+
+/* Free a bufferevent, with its write-through state if it has one. */
+void conn_free(struct conn_io *wt, struct bufferevent *bev)
+{
+	if (wt && wt->rd) {
+		event_free(wt->rd);
+		wt->rd = NULL;
+		wt->rd_on = wt->rd_want = false;
+	}
 	if (wt && wt->bev == bev) {
 		evbuffer_remove_cb(bufferevent_get_output(bev), conn_out_cb, wt);
 		if (wt->queued)
