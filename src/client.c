@@ -101,7 +101,7 @@ void client_accept(int fd, const struct sockaddr *sa, int salen, bool is_unix)
 		client_close(c, "57P01", "pooler is shutting down");
 		return;
 	}
-	conn_read(&c->io, true);
+	conn_want_read(&c->io, true);
 }
 
 /*
@@ -135,7 +135,7 @@ void client_close(struct client *c, const char *sqlstate, const char *fmt, ...)
 	out = bufferevent_get_output(c->bev);
 	if (sqlstate)
 		pkt_send_error(out, "FATAL", sqlstate, "%s", msg);
-	conn_read(&c->io, false);
+	conn_want_read(&c->io, false);
 	if (evbuffer_get_length(out) == 0) {
 		client_free_now(c);
 		return;
@@ -195,7 +195,7 @@ static void client_write_cb(struct bufferevent *bev, void *arg)
 	/* the client drained what the server sent: let the server talk again */
 	if (c->link && c->link->throttled) {
 		c->link->throttled = false;
-		conn_read(&c->link->io, true);
+		conn_want_read(&c->link->io, true);
 		server_process(c->link);
 	}
 }
@@ -619,8 +619,7 @@ static void client_login_done(struct client *c)
 		client_welcome(c);
 	} else {
 		pool_set_client_state(c, CL_WAITING_LOGIN);
-		if (c->pool->n_login_sv == 0 && c->pool->n_idle_sv + c->pool->n_active_sv == 0)
-			server_launch(c->pool);
+		pool_launch_first(c->pool);
 	}
 }
 
@@ -672,7 +671,7 @@ void client_resume(struct client *c)
 		return;
 	if (c->throttled)
 		return;
-	conn_read(&c->io, true);
+	conn_want_read(&c->io, true);
 	client_process(c);
 }
 
@@ -693,7 +692,7 @@ static void forward_bytes(struct client *c, struct evbuffer *in, uint32_t n)
 	s->pool->stats.bytes_received += take;
 	if (evbuffer_get_length(out) > WRITE_HIGH_WATER) {
 		c->throttled = true;
-		conn_read(&c->io, false);
+		conn_want_read(&c->io, false);
 	}
 }
 
@@ -701,8 +700,14 @@ static void note_sent_to_server(struct client *c, char type)
 {
 	struct server *s = c->link;
 
-	if (!s->pend.count)
+	if (!s->in_query) {
+		s->in_query = true;
 		s->query_start = c->request_time;
+	}
+	if (!s->in_xact) {
+		s->in_xact = true;
+		s->xact_start = c->request_time;
+	}
 	s->ready = false;
 	switch (type) {
 	case 'S':

@@ -164,6 +164,7 @@ struct server {
 	usec_t created;			/* monotonic */
 	usec_t last_used;		/* monotonic: last release or activity */
 	usec_t query_start, xact_start;
+	bool in_query, in_xact;		/* the client's query / transaction is running (stats) */
 	uint32_t fwd_remaining;
 	bool fwd_hidden;		/* the message being forwarded is dropped */
 	bool throttled;
@@ -262,7 +263,7 @@ const char *varcache_name(enum var_id id);
 /* write-through output (util.c) */
 void conn_write_through(struct conn_io *wt, struct bufferevent *bev);
 bool conn_io_start(struct conn_io *io, size_t rd_high);
-void conn_read(struct conn_io *io, bool on);
+void conn_want_read(struct conn_io *io, bool on);
 void conn_read_check(struct conn_io *io);
 void conn_write_idle(struct bufferevent *bev);
 void conn_free(struct conn_io *wt, struct bufferevent *bev);
@@ -298,6 +299,7 @@ struct lk_db *db_lookup(const char *name, bool create_auto);
 struct pool *pool_get(struct lk_db *db, const char *user, const char *secret);
 int pool_mode_of(const struct pool *p);
 int pool_size_of(const struct pool *p);
+void pool_launch_first(struct pool *p);	/* a server for a pool without one yet */
 bool pool_acquire(struct client *c);		/* links a server, or queues c: false */
 void pool_release(struct server *s);		/* server done with its client */
 void pool_server_ready(struct server *s);	/* login or reset finished: give it work */

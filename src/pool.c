@@ -264,7 +264,6 @@ static void pool_link(struct client *c, struct server *s)
 	s->link = c;
 	c->link = s;
 	s->last_used = now;
-	s->xact_start = s->query_start = now;
 	c->pool->stats.server_assignment_count++;
 	if (c->state == CL_WAITING) {
 		c->pool->stats.wait_time += (uint64_t)(now - c->wait_start);
@@ -284,23 +283,50 @@ static int user_server_count(const char *user)
 	return n;
 }
 
+/*
+ * When max_db_connections or max_user_connections is reached, an idle
+ * server of another pool of the same database or user makes room.
+ */
+static bool make_room(struct pool *p, bool by_db)
+{
+	struct pool *o;
+	struct server *s;
+
+	TAILQ_FOREACH(o, &rt->pools, entry) {
+		if (o == p || (by_db ? o->db != p->db : strcmp(o->login_user, p->login_user) != 0))
+			continue;
+		s = TAILQ_LAST(&o->idle_servers, server_list);
+		if (s) {
+			server_close(s, by_db ? "making room for another pool (max_db_connections)"
+					      : "making room for another pool (max_user_connections)");
+			return true;
+		}
+	}
+	return false;
+}
+
 static bool can_launch(struct pool *p, bool reserve)
 {
 	const struct user_conf *uc = config_find_user(rt->cf, p->login_user);
 	int umax = uc && uc->max_user_connections > 0 ? uc->max_user_connections : rt->cf->max_user_connections;
-
 	int limit = pool_size_of(p) + (reserve ? reserve_size_of(p) : 0);
 	int dbmax = p->db->conf.max_db_connections > 0 ? p->db->conf.max_db_connections : rt->cf->max_db_connections;
 
 	if (pool_server_total(p) >= limit)
 		return false;
-	if (dbmax > 0 && p->db->server_count >= dbmax)
-		return false;
-	if (umax > 0 && user_server_count(p->login_user) >= umax)
-		return false;
 	if (p->last_connect_fail && now_mono() - p->last_connect_fail < rt->cf->server_login_retry && p->n_login_cl == 0)
 		return false;
+	if (dbmax > 0 && p->db->server_count >= dbmax && !make_room(p, true))
+		return false;
+	if (umax > 0 && user_server_count(p->login_user) >= umax && !make_room(p, false))
+		return false;
 	return true;
+}
+
+void pool_launch_first(struct pool *p)
+{
+	if (p->n_login_sv == 0 && p->n_idle_sv + p->n_active_sv == 0 && !pool_is_paused(p) && can_launch(p, false))
+		server_launch(p);
 }
 
 bool pool_acquire(struct client *c)
@@ -607,6 +633,10 @@ static void janitor_launch(struct pool *p, usec_t now)
 
 	if (pool_is_paused(p) || p->db->removed)
 		return;
+	if (p->n_login_cl > 0 && !p->welcome_ready) {
+		pool_launch_first(p);
+		return;
+	}
 	if (c && p->n_login_sv == 0 && can_launch(p, false)) {
 		server_launch(p);
 		return;

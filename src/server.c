@@ -173,7 +173,7 @@ static void server_event_cb(struct bufferevent *bev, short what, void *arg)
 			server_close(s, "out of memory");
 			return;
 		}
-		conn_read(&s->io, true);
+		conn_want_read(&s->io, true);
 		server_start_login(s);
 		return;
 	}
@@ -201,7 +201,7 @@ static void server_write_cb(struct bufferevent *bev, void *arg)
 		conn_write_idle(s->bev);
 	if (c && c->throttled && !c->closing) {
 		c->throttled = false;
-		conn_read(&c->io, true);
+		conn_want_read(&c->io, true);
 		client_process(c);
 	}
 }
@@ -404,7 +404,7 @@ static void move_bytes(struct server *s, struct evbuffer *in, uint32_t n)
 		s->pool->stats.bytes_sent += take;
 		if (evbuffer_get_length(out) > WRITE_HIGH_WATER) {
 			s->throttled = true;
-			conn_read(&s->io, false);
+			conn_want_read(&s->io, false);
 		}
 	}
 	s->fwd_remaining = n - take;
@@ -418,10 +418,11 @@ static void account_rfq(struct server *s, char status)
 	st->query_count++;
 	st->query_time += (uint64_t)(now - s->query_start);
 	s->query_start = now;
-	if (status == 'I') {
+	s->in_query = s->pend.count > 0;
+	if (status == 'I' && s->in_xact) {
 		st->xact_count++;
 		st->xact_time += (uint64_t)(now - s->xact_start);
-		s->xact_start = now;
+		s->in_xact = false;
 	}
 }
 

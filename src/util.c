@@ -284,7 +284,7 @@ static void conn_read_cb(evutil_socket_t fd, short what, void *arg)
 			readcb(bev, cbarg);
 		return;
 	}
-	conn_read(io, false);
+	conn_want_read(io, false);
 	if (eventcb)
 		eventcb(bev, BEV_EVENT_READING | (n == 0 ? BEV_EVENT_EOF : BEV_EVENT_ERROR), cbarg);
 }
@@ -298,7 +298,7 @@ bool conn_io_start(struct conn_io *io, size_t rd_high)
 }
 
 /* The owner wants (or not) input. */
-void conn_read(struct conn_io *io, bool on)
+void conn_want_read(struct conn_io *io, bool on)
 {
 	io->rd_want = on;
 	if (io->rd)

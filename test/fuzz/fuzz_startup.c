@@ -11,7 +11,7 @@
  * framing and, for the console database, the console.
  *
  * The config has one database, `db`, at 127.0.0.1 port 1 (a login there
- * launches a server whose connect is refused: 08001), a userlist with a
+ * launches a server whose connect is refused: 08001), an auth_file with a
  * plain, an md5 and a SCRAM secret, and console users `admin` and `stats`.
  * All passwords are "secret".
  *
@@ -22,7 +22,6 @@
 static const char ini_text[] =
 	"[lokadb]\n"
 	"auth_type = trust\n"
-	"auth_file = userlist.txt\n"
 	"admin_users = admin\n"
 	"stats_users = stats\n"
 	"unix_socket_dir =\n"

@@ -37,15 +37,13 @@
 
 #include "core.h"
 
-#include <sanitizer/common_interface_defs.h>
-
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -61,9 +59,7 @@
 static const size_t h_chunks[8] = { 0, 1, 2, 3, 7, 16, 64, 512 };
 
 static struct {
-	char dir[64];
-	char ini[PATH_MAX];
-	bool made;
+	char ini[PATH_MAX];		/* /proc/self/fd/N of the ini's memfd */
 	bool dump;
 	bool stall_check;
 } h;
@@ -75,38 +71,25 @@ const char *__ubsan_default_options(void)
 	return "halt_on_error=1:print_stacktrace=1";
 }
 
-static int h_rm(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st;
-	(void)flag;
-	(void)ftw;
-	return remove(path);
-}
-
-/* Remove the temp dir; also the sanitizers' death callback, so crashes leave nothing behind. */
-static void h_rmdir(void)
-{
-	if (h.made)
-		nftw(h.dir, h_rm, 8, FTW_DEPTH | FTW_PHYS);
-	h.made = false;
-}
-
 static void h_die(const char *what)
 {
 	fprintf(stderr, "fuzz harness: %s\n", what);
-	h_rmdir();
 	abort();
 }
 
-static void h_write_file(const char *name, const char *text)
+/*
+ * Config files live in memfds, not in the file system: nothing is left behind
+ * when a crash ends the process, and the path (/proc/self/fd/N) stays valid
+ * for RELOAD and h_reset().
+ */
+static int h_memfd(const char *name, const char *text)
 {
-	char path[PATH_MAX];
-	FILE *f;
+	int fd = memfd_create(name, MFD_CLOEXEC);
+	size_t len = strlen(text);
 
-	snprintf(path, sizeof(path), "%s/%s", h.dir, name);
-	f = fopen(path, "w");
-	if (!f || fputs(text, f) < 0 || fclose(f) != 0)
-		h_die("could not write the config files");
+	if (fd < 0 || write(fd, text, len) != (ssize_t)len)
+		h_die("could not write a config memfd");
+	return fd;
 }
 
 static struct lk_config *h_load_config(void)
@@ -125,28 +108,31 @@ static void h_exit(void)
 	config_free(rt->cf);
 	rt->cf = NULL;
 	log_close();
-	h_rmdir();
 }
 
 /*
- * The runtime of main.c without listen sockets: config from a temp ini (and
- * userlist), then runtime_setup_events() for the event base, DNS and the
- * justfree event with runtime.c's own callback. The janitor, stats timer and
- * signal events are taken off the loop: timers make runs depend on the
- * clock, and signal events would take SIGINT/SIGTERM away from libFuzzer
- * (event_del restores libFuzzer's handlers).
+ * The runtime of main.c without listen sockets: config from ini_text (and a
+ * userlist, which becomes auth_file), then runtime_setup_events() for the
+ * event base, DNS and the justfree and flush events with runtime.c's own
+ * callbacks. The janitor, stats timer and signal events are taken off the
+ * loop: timers make runs depend on the clock, and signal events would take
+ * SIGINT/SIGTERM away from libFuzzer (event_del restores its handlers).
  */
 static void h_setup(const char *ini_text, const char *userlist)
 {
-	snprintf(h.dir, sizeof(h.dir), "/tmp/lokadb-fuzz-XXXXXX");
-	if (!mkdtemp(h.dir))
-		h_die("mkdtemp failed");
-	h.made = true;
-	__sanitizer_set_death_callback(h_rmdir);
-	snprintf(h.ini, sizeof(h.ini), "%s/lokadb.ini", h.dir);
-	h_write_file("lokadb.ini", ini_text);
+	char head[128] = "";
+	char *ini;
+
 	if (userlist)
-		h_write_file("userlist.txt", userlist);
+		snprintf(head, sizeof(head), "[lokadb]\nauth_file = /proc/self/fd/%d\n",
+			 h_memfd("userlist.txt", userlist));
+	ini = malloc(strlen(head) + strlen(ini_text) + 1);
+	if (!ini)
+		h_die("out of memory");
+	strcpy(ini, head);
+	strcat(ini, ini_text);
+	snprintf(h.ini, sizeof(h.ini), "/proc/self/fd/%d", h_memfd("lokadb.ini", ini));
+	free(ini);
 
 	runtime_init();
 	rt->quiet = getenv("LOKADB_FUZZ_LOG") == NULL;
@@ -255,7 +241,6 @@ static void h_report_stuck(void)
 	TAILQ_FOREACH(c, &rt->admin_clients, entry)
 		fprintf(stderr, "  console client %llu closing %d\n", (unsigned long long)c->id, c->closing);
 	fprintf(stderr, "  n_clients %d\n", rt->n_clients);
-	h_rmdir();
 	abort();
 }
 
@@ -293,10 +278,14 @@ static void h_reset(bool fresh_config)
 }
 
 /*
- * The oracle for hangs: once the loop has gone quiet, a live client that is
- * reading must have acted on all the input it can. If calling
- * client_process() by hand now consumes input, answers or closes, no event
- * would ever have run it and the peer would wait forever.
+ * The oracle for hangs: once the loop has gone quiet, a live client must have
+ * acted on all the input it can. If calling client_process() by hand now
+ * consumes input, answers or closes, no event would ever have run it and the
+ * peer would wait forever. Clients that wait on purpose are left alone:
+ * client_process() itself returns at once for CL_WAITING_LOGIN/CL_WAITING,
+ * and a throttled client is resumed by its server's write callback. (Whether
+ * reading is switched on is not asked: src/ has its own read event in
+ * struct conn_io and the bufferevent's EV_READ flag no longer tells.)
  */
 static void h_check_stall(struct client *c)
 {
@@ -304,7 +293,7 @@ static void h_check_stall(struct client *c)
 	size_t in_len, out_len;
 	enum client_state st = c->state;
 
-	if (!h.stall_check || c->closing || !c->bev || !(bufferevent_get_enabled(c->bev) & EV_READ))
+	if (!h.stall_check || c->closing || !c->bev || c->throttled)
 		return;
 	in = bufferevent_get_input(c->bev);
 	out = bufferevent_get_output(c->bev);
@@ -319,7 +308,6 @@ static void h_check_stall(struct client *c)
 	fprintf(stderr, "fuzz harness: client %llu stalled in state %d: it held %zu input bytes it could act on, "
 		"but no event was going to run it (LOKADB_FUZZ_STALL=0 turns this check off)\n",
 		(unsigned long long)c->id, (int)st, in_len);
-	h_rmdir();
 	abort();
 }
 

@@ -15,7 +15,7 @@
  * auth_type trust, console users `admin` (admin) and `stats` (stats only),
  * max_message_bytes at its minimum (1024) and no databases; the events of
  * runtime_setup_events() without listeners, timers or signals. A case opens
- * its connection with conn_open() and at `end:` closes it with conn_close(),
+ * its connection with peer_open() and at `end:` closes it with peer_close(),
  * which also waits until the client has been freed.
  */
 #include "core.h"
@@ -67,117 +67,117 @@ static bool rt_up(void)
 	return true;
 }
 
-struct conn {
+struct peer {
 	int fd;			/* the test's end, non-blocking; -1 when closed */
 	uint8_t in[65536];	/* what the pooler sent and the case has not taken */
 	size_t len;
 	bool eof;		/* the pooler closed the connection */
 };
 
-static bool conn_open(struct conn *cn)
+static bool peer_open(struct peer *pe)
 {
 	int sv[2];
 
-	memset(cn, 0, sizeof(*cn));
-	cn->fd = -1;
+	memset(pe, 0, sizeof(*pe));
+	pe->fd = -1;
 	if (!rt_up() || socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
 		return false;
 	fcntl(sv[1], F_SETFL, fcntl(sv[1], F_GETFL) | O_NONBLOCK);
-	cn->fd = sv[1];
+	pe->fd = sv[1];
 	client_accept(sv[0], NULL, 0, true);
 	return rt->n_clients == 1;
 }
 
 /* Read what is there; returns the number of bytes read. */
-static size_t conn_read(struct conn *cn)
+static size_t peer_read(struct peer *pe)
 {
 	size_t total = 0;
 
-	while (!cn->eof && cn->len < sizeof(cn->in)) {
-		ssize_t n = read(cn->fd, cn->in + cn->len, sizeof(cn->in) - cn->len);
+	while (!pe->eof && pe->len < sizeof(pe->in)) {
+		ssize_t n = read(pe->fd, pe->in + pe->len, sizeof(pe->in) - pe->len);
 		if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
-			cn->eof = true;
+			pe->eof = true;
 		if (n <= 0)
 			break;
-		cn->len += (size_t)n;
+		pe->len += (size_t)n;
 		total += (size_t)n;
 	}
 	return total;
 }
 
 /* Turn the loop until QUIET_TURNS turns in a row bring nothing. */
-static void conn_pump(struct conn *cn)
+static void peer_pump(struct peer *pe)
 {
 	int quiet = 0;
 
 	for (int i = 0; i < MAX_TURNS && quiet < QUIET_TURNS; i++) {
 		event_base_loop(rt->base, EVLOOP_NONBLOCK);
-		quiet = conn_read(cn) ? 0 : quiet + 1;
+		quiet = peer_read(pe) ? 0 : quiet + 1;
 	}
 }
 
-static bool conn_send(struct conn *cn, const void *p, size_t n)
+static bool peer_send(struct peer *pe, const void *p, size_t n)
 {
-	bool ok = send(cn->fd, p, n, MSG_NOSIGNAL) == (ssize_t)n;
+	bool ok = send(pe->fd, p, n, MSG_NOSIGNAL) == (ssize_t)n;
 
-	conn_pump(cn);
+	peer_pump(pe);
 	return ok;
 }
 
 /* Each byte in a write of its own, with the loop turned in between. */
-static bool conn_send_bytewise(struct conn *cn, const void *p, size_t n)
+static bool peer_send_bytewise(struct peer *pe, const void *p, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
-		if (!conn_send(cn, (const uint8_t *)p + i, 1))
+		if (!peer_send(pe, (const uint8_t *)p + i, 1))
 			return false;
 	return true;
 }
 
 /* Close our end and turn the loop until the client has been freed. */
-static bool conn_close(struct conn *cn)
+static bool peer_close(struct peer *pe)
 {
 	int i;
 
-	if (cn->fd >= 0)
-		close(cn->fd);
-	cn->fd = -1;
+	if (pe->fd >= 0)
+		close(pe->fd);
+	pe->fd = -1;
 	for (i = 0; i < MAX_TURNS && (rt->n_clients || !TAILQ_EMPTY(&rt->justfree_clients)); i++)
 		event_base_loop(rt->base, EVLOOP_NONBLOCK);
 	return rt->n_clients == 0 && TAILQ_EMPTY(&rt->justfree_clients);
 }
 
 /* Take the next `n` bytes the pooler sent if they are exactly `p`. */
-static bool conn_take(struct conn *cn, const void *p, size_t n)
+static bool peer_take(struct peer *pe, const void *p, size_t n)
 {
 	const uint8_t *want = p;
 	size_t i;
 
-	for (i = 0; i < n && i < cn->len && cn->in[i] == want[i]; i++)
+	for (i = 0; i < n && i < pe->len && pe->in[i] == want[i]; i++)
 		;
 	if (i < n) {
 		fprintf(stderr, "  expected %zu bytes, have %zu; first difference at byte %zu: 0x%02x, expected 0x%02x\n",
-			n, cn->len, i, i < cn->len ? cn->in[i] : 0, want[i]);
+			n, pe->len, i, i < pe->len ? pe->in[i] : 0, want[i]);
 		return false;
 	}
-	memmove(cn->in, cn->in + n, cn->len - n);
-	cn->len -= n;
+	memmove(pe->in, pe->in + n, pe->len - n);
+	pe->len -= n;
 	return true;
 }
 
 /* Take the next message if its type is `type`; its body is copied out. */
-static bool conn_take_msg(struct conn *cn, char type, uint8_t *body, size_t cap, size_t *blen)
+static bool peer_take_msg(struct peer *pe, char type, uint8_t *body, size_t cap, size_t *blen)
 {
 	uint32_t len;
 
-	if (cn->len < 5 || cn->in[0] != (uint8_t)type)
+	if (pe->len < 5 || pe->in[0] != (uint8_t)type)
 		return false;
-	len = pkt_get_u32(cn->in + 1);
-	if (len < 4 || cn->len < (size_t)len + 1 || len - 4 > cap)
+	len = pkt_get_u32(pe->in + 1);
+	if (len < 4 || pe->len < (size_t)len + 1 || len - 4 > cap)
 		return false;
-	memcpy(body, cn->in + 5, len - 4);
+	memcpy(body, pe->in + 5, len - 4);
 	*blen = len - 4;
-	memmove(cn->in, cn->in + len + 1, cn->len - len - 1);
-	cn->len -= len + 1;
+	memmove(pe->in, pe->in + len + 1, pe->len - len - 1);
+	pe->len -= len + 1;
 	return true;
 }
 
@@ -277,25 +277,25 @@ static void w_query(struct want *w, const char *sql)
 }
 
 /* The FATAL error a refused connection gets, then the close. */
-static bool conn_refused(struct conn *cn, const char *sqlstate, const char *msg)
+static bool peer_refused(struct peer *pe, const char *sqlstate, const char *msg)
 {
 	struct want w = { .len = 0 };
 
 	w_error(&w, "FATAL", sqlstate, msg);
-	return conn_take(cn, w.b, w.len) && cn->len == 0 && cn->eof;
+	return peer_take(pe, w.b, w.len) && pe->len == 0 && pe->eof;
 }
 
 /* Send `w` and expect the refusal. */
 static bool refused_after(const struct want *w, const char *sqlstate, const char *msg)
 {
-	struct conn cn;
+	struct peer pe;
 	bool ok = true;
 
-	CHECK(conn_open(&cn));
-	CHECK(conn_send(&cn, w->b, w->len));
-	CHECK(conn_refused(&cn, sqlstate, msg));
+	CHECK(peer_open(&pe));
+	CHECK(peer_send(&pe, w->b, w->len));
+	CHECK(peer_refused(&pe, sqlstate, msg));
 end:
-	ok = conn_close(&cn) && ok;
+	ok = peer_close(&pe) && ok;
 	return ok;
 }
 
@@ -305,7 +305,7 @@ static const char *const console_admin[] = { "user", "admin", "database", "lokad
  * The console's welcome: AuthenticationOk, the fixed ParameterStatus list of
  * client_welcome() for a client without a pool, BackendKeyData, ReadyForQuery.
  */
-static bool take_welcome(struct conn *cn)
+static bool take_welcome(struct peer *pe)
 {
 	static const char *const params[][2] = {
 		{ "server_version", "15.0 (lokadb " LOKADB_VERSION ")" },
@@ -329,25 +329,25 @@ static bool take_welcome(struct conn *cn)
 		w_str(&w, params[i][1]);
 		w_end(&w);
 	}
-	if (!conn_take(cn, w.b, w.len))
+	if (!peer_take(pe, w.b, w.len))
 		return false;
-	if (!conn_take_msg(cn, 'K', key, sizeof(key), &klen) || klen != 8)
+	if (!peer_take_msg(pe, 'K', key, sizeof(key), &klen) || klen != 8)
 		return false;
 	w.len = 0;
 	w_ready(&w, 'I');
-	return conn_take(cn, w.b, w.len);
+	return peer_take(pe, w.b, w.len);
 }
 
 /* Open a connection and log in to the console as `user`. */
-static bool console_login(struct conn *cn, const char *user)
+static bool console_login(struct peer *pe, const char *user)
 {
 	const char *const kv[] = { "user", user, "database", "lokadb", NULL };
 	struct want w = { .len = 0 };
 
-	if (!conn_open(cn))
+	if (!peer_open(pe))
 		return false;
 	w_startup(&w, PROTO_V3, kv);
-	return conn_send(cn, w.b, w.len) && take_welcome(cn) && cn->len == 0 && !cn->eof;
+	return peer_send(pe, w.b, w.len) && take_welcome(pe) && pe->len == 0 && !pe->eof;
 }
 
 /* The answer to SHOW VERSION: one text column, one row, SHOW, ReadyForQuery. */
@@ -383,33 +383,33 @@ static bool test_ssl_request(void)
 {
 	static const uint8_t ssl[] = { 0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f };
 	struct want w = { .len = 0 };
-	struct conn cn;
+	struct peer pe;
 	bool ok = true;
 
-	CHECK(conn_open(&cn));
-	CHECK(conn_send(&cn, ssl, sizeof(ssl)));
-	CHECK(conn_take(&cn, "N", 1));
-	CHECK(cn.len == 0 && !cn.eof);
+	CHECK(peer_open(&pe));
+	CHECK(peer_send(&pe, ssl, sizeof(ssl)));
+	CHECK(peer_take(&pe, "N", 1));
+	CHECK(pe.len == 0 && !pe.eof);
 	w_startup(&w, PROTO_V3, console_admin);
-	CHECK(conn_send(&cn, w.b, w.len));
-	CHECK(take_welcome(&cn));
+	CHECK(peer_send(&pe, w.b, w.len));
+	CHECK(take_welcome(&pe));
 end:
-	ok = conn_close(&cn) && ok;
+	ok = peer_close(&pe) && ok;
 	return ok;
 }
 
 static bool test_gssenc_request(void)
 {
 	static const uint8_t gss[] = { 0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x30 };
-	struct conn cn;
+	struct peer pe;
 	bool ok = true;
 
-	CHECK(conn_open(&cn));
-	CHECK(conn_send(&cn, gss, sizeof(gss)));
-	CHECK(conn_take(&cn, "N", 1));
-	CHECK(cn.len == 0 && !cn.eof);
+	CHECK(peer_open(&pe));
+	CHECK(peer_send(&pe, gss, sizeof(gss)));
+	CHECK(peer_take(&pe, "N", 1));
+	CHECK(pe.len == 0 && !pe.eof);
 end:
-	ok = conn_close(&cn) && ok;
+	ok = peer_close(&pe) && ok;
 	return ok;
 }
 
@@ -470,17 +470,17 @@ static bool test_unknown_database(void)
 static bool test_cancel_request_closes(void)
 {
 	struct want w = { .len = 0 };
-	struct conn cn;
+	struct peer pe;
 	bool ok = true;
 
 	w_u32(&w, 16);
 	w_u32(&w, PROTO_CANCEL_CODE);
 	w_bytes(&w, "\1\2\3\4\5\6\7\10", 8);
-	CHECK(conn_open(&cn));
-	CHECK(conn_send(&cn, w.b, w.len));
-	CHECK(cn.len == 0 && cn.eof);
+	CHECK(peer_open(&pe));
+	CHECK(peer_send(&pe, w.b, w.len));
+	CHECK(pe.len == 0 && pe.eof);
 end:
-	ok = conn_close(&cn) && ok;
+	ok = peer_close(&pe) && ok;
 	return ok;
 }
 
@@ -489,58 +489,58 @@ end:
 
 static bool test_console_welcome(void)
 {
-	struct conn cn;
+	struct peer pe;
 	bool ok = true;
 
-	CHECK(console_login(&cn, "admin"));
+	CHECK(console_login(&pe, "admin"));
 	CHECK(TAILQ_FIRST(&rt->admin_clients) && TAILQ_FIRST(&rt->admin_clients)->admin_full);
 end:
-	ok = conn_close(&cn) && ok;
+	ok = peer_close(&pe) && ok;
 	return ok;
 }
 
 static bool test_show_version(void)
 {
 	struct want q = { .len = 0 }, r = { .len = 0 };
-	struct conn cn;
+	struct peer pe;
 	bool ok = true;
 
-	CHECK(console_login(&cn, "admin"));
+	CHECK(console_login(&pe, "admin"));
 	w_query(&q, "SHOW VERSION");
 	w_show_version(&r);
-	CHECK(conn_send(&cn, q.b, q.len));
-	CHECK(conn_take(&cn, r.b, r.len));
-	CHECK(cn.len == 0 && !cn.eof);
+	CHECK(peer_send(&pe, q.b, q.len));
+	CHECK(peer_take(&pe, r.b, r.len));
+	CHECK(pe.len == 0 && !pe.eof);
 end:
-	ok = conn_close(&cn) && ok;
+	ok = peer_close(&pe) && ok;
 	return ok;
 }
 
 static bool test_unknown_message_type(void)
 {
 	static const uint8_t msg[] = { 'y', 0, 0, 0, 4 };
-	struct conn cn;
+	struct peer pe;
 	bool ok = true;
 
-	CHECK(console_login(&cn, "admin"));
-	CHECK(conn_send(&cn, msg, sizeof(msg)));
-	CHECK(conn_refused(&cn, "08P01", "invalid frontend message type 121"));
+	CHECK(console_login(&pe, "admin"));
+	CHECK(peer_send(&pe, msg, sizeof(msg)));
+	CHECK(peer_refused(&pe, "08P01", "invalid frontend message type 121"));
 end:
-	ok = conn_close(&cn) && ok;
+	ok = peer_close(&pe) && ok;
 	return ok;
 }
 
 static bool test_message_length_below_4(void)
 {
 	static const uint8_t msg[] = { 'Q', 0, 0, 0, 3 };
-	struct conn cn;
+	struct peer pe;
 	bool ok = true;
 
-	CHECK(console_login(&cn, "admin"));
-	CHECK(conn_send(&cn, msg, sizeof(msg)));
-	CHECK(conn_refused(&cn, "08P01", "invalid message length"));
+	CHECK(console_login(&pe, "admin"));
+	CHECK(peer_send(&pe, msg, sizeof(msg)));
+	CHECK(peer_refused(&pe, "08P01", "invalid message length"));
 end:
-	ok = conn_close(&cn) && ok;
+	ok = peer_close(&pe) && ok;
 	return ok;
 }
 
@@ -549,7 +549,7 @@ static bool test_message_too_long(void)
 {
 	char text[128];
 	struct want q = { .len = 0 };
-	struct conn cn;
+	struct peer pe;
 	bool ok = true;
 
 	q.b[0] = 'Q';
@@ -557,18 +557,18 @@ static bool test_message_too_long(void)
 	w_u32(&q, MAX_MESSAGE_BYTES + 1);
 	snprintf(text, sizeof(text), "message too long: %d bytes (max_message_bytes is %d)", MAX_MESSAGE_BYTES + 1,
 		 MAX_MESSAGE_BYTES);
-	CHECK(console_login(&cn, "admin"));
-	CHECK(conn_send(&cn, q.b, q.len));
-	CHECK(conn_refused(&cn, "08P01", text));
+	CHECK(console_login(&pe, "admin"));
+	CHECK(peer_send(&pe, q.b, q.len));
+	CHECK(peer_refused(&pe, "08P01", text));
 end:
-	ok = conn_close(&cn) && ok;
+	ok = peer_close(&pe) && ok;
 	return ok;
 }
 
 static bool test_console_extended_protocol(void)
 {
 	struct want p = { .len = 0 };
-	struct conn cn;
+	struct peer pe;
 	bool ok = true;
 
 	w_begin(&p, 'P');
@@ -576,42 +576,42 @@ static bool test_console_extended_protocol(void)
 	w_str(&p, "SHOW VERSION");
 	w_u16(&p, 0);
 	w_end(&p);
-	CHECK(console_login(&cn, "admin"));
-	CHECK(conn_send(&cn, p.b, p.len));
-	CHECK(conn_refused(&cn, "08P01", "the console supports only the simple query protocol"));
+	CHECK(console_login(&pe, "admin"));
+	CHECK(peer_send(&pe, p.b, p.len));
+	CHECK(peer_refused(&pe, "08P01", "the console supports only the simple query protocol"));
 end:
-	ok = conn_close(&cn) && ok;
+	ok = peer_close(&pe) && ok;
 	return ok;
 }
 
 static bool test_query_without_terminator(void)
 {
 	struct want q = { .len = 0 };
-	struct conn cn;
+	struct peer pe;
 	bool ok = true;
 
 	w_begin(&q, 'Q');
 	w_bytes(&q, "SHOW VERSION", 12);
 	w_end(&q);
-	CHECK(console_login(&cn, "admin"));
-	CHECK(conn_send(&cn, q.b, q.len));
-	CHECK(conn_refused(&cn, "08P01", "invalid query message"));
+	CHECK(console_login(&pe, "admin"));
+	CHECK(peer_send(&pe, q.b, q.len));
+	CHECK(peer_refused(&pe, "08P01", "invalid query message"));
 end:
-	ok = conn_close(&cn) && ok;
+	ok = peer_close(&pe) && ok;
 	return ok;
 }
 
 static bool test_terminate(void)
 {
 	static const uint8_t term[] = { 'X', 0, 0, 0, 4 };
-	struct conn cn;
+	struct peer pe;
 	bool ok = true;
 
-	CHECK(console_login(&cn, "admin"));
-	CHECK(conn_send(&cn, term, sizeof(term)));
-	CHECK(cn.len == 0 && cn.eof);
+	CHECK(console_login(&pe, "admin"));
+	CHECK(peer_send(&pe, term, sizeof(term)));
+	CHECK(pe.len == 0 && pe.eof);
 end:
-	ok = conn_close(&cn) && ok;
+	ok = peer_close(&pe) && ok;
 	return ok;
 }
 
@@ -619,22 +619,22 @@ end:
 static bool test_bytewise_writes(void)
 {
 	struct want s = { .len = 0 }, q = { .len = 0 }, r = { .len = 0 };
-	struct conn cn;
+	struct peer pe;
 	bool ok = true;
 
 	w_startup(&s, PROTO_V3, console_admin);
 	w_query(&q, "SHOW VERSION");
 	w_show_version(&r);
-	CHECK(conn_open(&cn));
-	CHECK(conn_send_bytewise(&cn, s.b, s.len));
-	CHECK(take_welcome(&cn));
-	CHECK(conn_send_bytewise(&cn, q.b, q.len - 1));
-	CHECK(cn.len == 0);
-	CHECK(conn_send(&cn, q.b + q.len - 1, 1));
-	CHECK(conn_take(&cn, r.b, r.len));
-	CHECK(cn.len == 0 && !cn.eof);
+	CHECK(peer_open(&pe));
+	CHECK(peer_send_bytewise(&pe, s.b, s.len));
+	CHECK(take_welcome(&pe));
+	CHECK(peer_send_bytewise(&pe, q.b, q.len - 1));
+	CHECK(pe.len == 0);
+	CHECK(peer_send(&pe, q.b + q.len - 1, 1));
+	CHECK(peer_take(&pe, r.b, r.len));
+	CHECK(pe.len == 0 && !pe.eof);
 end:
-	ok = conn_close(&cn) && ok;
+	ok = peer_close(&pe) && ok;
 	return ok;
 }
 
@@ -642,19 +642,19 @@ end:
 static bool test_pipelined_queries(void)
 {
 	struct want q = { .len = 0 }, r = { .len = 0 };
-	struct conn cn;
+	struct peer pe;
 	bool ok = true;
 
 	w_query(&q, "SHOW VERSION");
 	w_query(&q, "show version;");
 	w_show_version(&r);
 	w_show_version(&r);
-	CHECK(console_login(&cn, "admin"));
-	CHECK(conn_send(&cn, q.b, q.len));
-	CHECK(conn_take(&cn, r.b, r.len));
-	CHECK(cn.len == 0 && !cn.eof);
+	CHECK(console_login(&pe, "admin"));
+	CHECK(peer_send(&pe, q.b, q.len));
+	CHECK(peer_take(&pe, r.b, r.len));
+	CHECK(pe.len == 0 && !pe.eof);
 end:
-	ok = conn_close(&cn) && ok;
+	ok = peer_close(&pe) && ok;
 	return ok;
 }
 
@@ -662,19 +662,19 @@ end:
 static bool test_stats_user_set_refused(void)
 {
 	struct want q = { .len = 0 }, r = { .len = 0 };
-	struct conn cn;
+	struct peer pe;
 	bool ok = true;
 
 	w_query(&q, "SET verbose = 1");
 	w_error(&r, "ERROR", "42501", "admin access needed");
 	w_ready(&r, 'I');
-	CHECK(console_login(&cn, "stats"));
-	CHECK(conn_send(&cn, q.b, q.len));
-	CHECK(conn_take(&cn, r.b, r.len));
-	CHECK(cn.len == 0 && !cn.eof);
+	CHECK(console_login(&pe, "stats"));
+	CHECK(peer_send(&pe, q.b, q.len));
+	CHECK(peer_take(&pe, r.b, r.len));
+	CHECK(pe.len == 0 && !pe.eof);
 	CHECK(rt->cf->verbose == 0);
 end:
-	ok = conn_close(&cn) && ok;
+	ok = peer_close(&pe) && ok;
 	return ok;
 }
 
