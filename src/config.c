@@ -131,7 +131,7 @@ const struct cf_setting config_settings[] = {
 	INT_ROW(max_db_connections, "0", 0, COUNT_MAX, true,
 		"Most server connections per database over all its pools (0 = unlimited)."),
 	{ "max_message_bytes", CF_SIZE, OFF(max_message_bytes), "268435456", MSG_MIN, MSG_MAX, true, NULL,
-	  "Largest protocol message accepted from a client or server (PgBouncer: max_packet_size)." },
+	  "Largest protocol message accepted from a client (PgBouncer: max_packet_size)." },
 	INT_ROW(max_user_connections, "0", 0, COUNT_MAX, true,
 		"Most server connections per user over all its pools (0 = unlimited)."),
 	INT_ROW(min_pool_size, "0", 0, COUNT_MAX, true,

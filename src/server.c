@@ -42,6 +42,15 @@ const char *server_ident(const struct server *s, char *buf, size_t len)
 
 /* ---- connecting ---- */
 
+static void startup_opt(struct pktbuf *pb, const char *name, const char *value)
+{
+	if (!value)
+		return;
+	pkt_put_string(pb, name);
+	pkt_put_string(pb, value);
+}
+
+/* StartupMessage: user, database and the [databases] entry's parameters. */
 static void server_start_login(struct server *s)
 {
 	struct pktbuf *pb = &rt->pb;
@@ -53,6 +62,10 @@ static void server_start_login(struct server *s)
 	pkt_put_string(pb, s->pool->login_user);
 	pkt_put_string(pb, "database");
 	pkt_put_string(pb, dc->dbname ? dc->dbname : s->pool->db->name);
+	startup_opt(pb, "client_encoding", dc->client_encoding);
+	startup_opt(pb, "DateStyle", dc->datestyle);
+	startup_opt(pb, "TimeZone", dc->timezone);
+	startup_opt(pb, "application_name", dc->application_name);
 	pkt_put_byte(pb, 0);
 	pkt_end(pb);
 	pkt_send(pb, bufferevent_get_output(s->bev));
