@@ -61,15 +61,20 @@ check: deps all unit fuzz-smoke integration
 FUZZ_SRCS = $(wildcard test/fuzz/fuzz_*.c)
 FUZZ_BINS = $(patsubst test/fuzz/%.c,build/fuzz/%,$(FUZZ_SRCS))
 FUZZ_CORE = $(filter-out src/main.c,$(wildcard src/*.c))
-build/fuzz/%: test/fuzz/%.c $(FUZZ_CORE) $(wildcard src/*.h)
+build/fuzz/%: test/fuzz/%.c test/fuzz/harness.h $(FUZZ_CORE) $(wildcard src/*.h)
 	@mkdir -p build/fuzz
 	clang -std=c11 -D_GNU_SOURCE -g -O1 -Iinclude -Isrc $(DEP_CFLAGS) \
 		-fsanitize=fuzzer,address,undefined -o $@ $< $(FUZZ_CORE) $(DEP_LIBS)
 fuzz: $(FUZZ_BINS)
+# Each target runs FUZZ_SECONDS on a scratch copy of its seeds; crashes land in build/fuzz/.
+FUZZ_SECONDS ?= 20
 fuzz-smoke: $(FUZZ_BINS)
-	@for f in $(FUZZ_BINS); do echo "fuzz: $$f (20 s)"; \
-		$$f -max_total_time=20 -print_final_stats=0 test/fuzz/corpus/$$(basename $$f) >/dev/null 2>build/fuzz/$$(basename $$f).log \
-		|| { tail -40 build/fuzz/$$(basename $$f).log; exit 1; }; done
+	@for f in $(FUZZ_BINS); do n=$$(basename $$f); echo "fuzz: $$n ($(FUZZ_SECONDS) s)"; \
+		rm -rf build/fuzz/$$n.corpus && mkdir -p build/fuzz/$$n.corpus; \
+		$$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 -artifact_prefix=build/fuzz/$$n- \
+			build/fuzz/$$n.corpus test/fuzz/corpus/$$n >/dev/null 2>build/fuzz/$$n.log \
+		|| { tail -40 build/fuzz/$$n.log; exit 1; }; \
+		grep -E "stat::number_of_executed_units" build/fuzz/$$n.log | sed "s/^/  $$n /"; done
 
 bench: all
 	$(PYTHON) bench/run.py

@@ -303,12 +303,18 @@ static void send_negotiate(struct client *c, uint32_t minor, int n_unknown, char
 /* Parse the v3 startup packet body (after length and version). */
 static bool parse_startup(struct client *c, uint8_t *buf, uint32_t len, uint32_t minor)
 {
-	char *p = (char *)buf, *end = (char *)buf + len;
+	char *p, *end;
 	char *unknown[32];
 	int n_unknown = 0;
 	const char *options = NULL;
 
-	if (len == 0 || buf[len - 1] != 0) {
+	if (len == 0 || !buf) {
+		client_close(c, "08P01", "invalid startup packet layout: expected terminator as last byte");
+		return false;
+	}
+	p = (char *)buf;
+	end = (char *)buf + len;
+	if (buf[len - 1] != 0) {
 		client_close(c, "08P01", "invalid startup packet layout: expected terminator as last byte");
 		return false;
 	}
@@ -572,6 +578,10 @@ static bool read_auth_message(struct client *c, struct evbuffer *in)
 		return false;
 	evbuffer_drain(in, 5);
 	body = evbuffer_pullup(in, len - 4);
+	if (len == 4) {
+		client_close(c, "08P01", "invalid password packet: empty");
+		return false;
+	}
 	if (c->auth_step >= 2) {
 		sasl_step(c, body, len - 4);
 	} else if (len - 4 == 0 || body[len - 5] != 0) {
@@ -793,8 +803,8 @@ void client_process(struct client *c)
 	log_noise("client %llu process state %d, %zu bytes", (unsigned long long)c->id, c->state, evbuffer_get_length(in));
 	while (!c->closing) {
 		if (c->state == CL_LOGIN) {
-			bool more = c->auth_step ? read_auth_message(c, in) : read_startup(c, in);
-			if (!more || c->state != CL_LOGIN)
+			/* after login, what came in the same read is handled below */
+			if (!(c->auth_step ? read_auth_message(c, in) : read_startup(c, in)))
 				break;
 			continue;
 		}
