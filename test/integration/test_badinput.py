@@ -142,3 +142,19 @@ def test_terminate_message_closes_the_connection_cleanly(bouncer):
     w.send(message(b"X"))
     assert w.wait_closed(5) == []
     assert_serves(bouncer)
+
+
+@pytest.mark.parametrize("dbname,sql", [("lokadb", "SHOW VERSION"), ("p0", "select 'same-write'")],
+                         ids=["console", "pooled"])
+def test_query_sent_in_the_same_write_as_the_startup_packet_is_answered(bouncer, dbname, sql):
+    user = "admin" if dbname == "lokadb" else "trustuser"
+    w = bouncer.wire()
+    w.send(startup_packet({"user": user, "database": dbname})
+           + message(b"Q", sql.encode() + b"\0"))
+    seen = []
+    for _ in range(100):                 # bounded: login replies, then the query's
+        kind, body = w.read_msg(5)
+        seen.append(kind)
+        if kind == b"Z" and b"D" in seen:
+            break
+    assert b"D" in seen and seen[-1] == b"Z", f"no answer to the pipelined query: {seen}"
