@@ -787,7 +787,7 @@ static bool client_message(struct client *c, struct evbuffer *in)
 	}
 	if (!c->link && !pool_acquire(c))
 		return false;
-	c->request_time = now_mono();
+	c->request_time = rt->now;
 	note_sent_to_server(c, (char)hdr[0]);
 	forward_bytes(c, in, len + 1);
 	return !c->throttled;

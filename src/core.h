@@ -242,9 +242,11 @@ struct lk_runtime {
 	enum shutdown_mode shutdown;
 	uint64_t next_id;
 	usec_t start_time;
+	usec_t now;			/* monotonic, refreshed as each socket is read (hot-path clock) */
 	bool quiet, daemon;
 	int verbose;
 	struct pktbuf pb;		/* scratch for building replies; emptied after each use */
+	char readbuf[16384];		/* socket reads land here before their evbuffer */
 };
 
 extern struct lk_runtime *rt;

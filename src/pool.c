@@ -258,7 +258,7 @@ static void sync_vars(struct client *c, struct server *s)
 
 static void pool_link(struct client *c, struct server *s)
 {
-	usec_t now = now_mono();
+	usec_t now = rt->now;
 
 	pool_set_server_state(s, SV_ACTIVE);
 	s->link = c;
@@ -362,7 +362,7 @@ static void pool_activate(struct pool *p)
 static bool server_expired(const struct server *s)
 {
 	usec_t life = rt->cf->server_lifetime;
-	return s->close_needed || s->pool->db->removed || (life > 0 && now_mono() - s->created > life);
+	return s->close_needed || s->pool->db->removed || (life > 0 && rt->now - s->created > life);
 }
 
 void pool_release(struct server *s)
@@ -654,7 +654,7 @@ void pool_janitor(void)
 {
 	struct pool *p;
 	struct client *c, *tmp;
-	usec_t now = now_mono();
+	usec_t now = rt->now = now_mono();
 
 	TAILQ_FOREACH_SAFE(c, &rt->login_clients, entry, tmp)
 		if (rt->cf->client_login_timeout > 0 && now - c->login_start > rt->cf->client_login_timeout)

@@ -426,7 +426,7 @@ static void move_bytes(struct server *s, struct evbuffer *in, uint32_t n)
 static void account_rfq(struct server *s, char status)
 {
 	struct lk_stats *st = &s->pool->stats;
-	usec_t now = now_mono();
+	usec_t now = rt->now;
 
 	st->query_count++;
 	st->query_time += (uint64_t)(now - s->query_start);
@@ -443,7 +443,7 @@ static void server_became_ready(struct server *s)
 {
 	struct client *c = s->link;
 
-	s->last_used = now_mono();
+	s->last_used = rt->now;
 	if (s->state == SV_TESTED) {
 		pool_server_ready(s);
 		return;

@@ -264,15 +264,23 @@ static void conn_read_cb(evutil_socket_t fd, short what, void *arg)
 	ssize_t n;
 	(void)what;
 
+	rt->now = now_mono();
+	/*
+	 * Into the buffer's free tail when it has room (a message arriving in
+	 * pieces), else through rt->readbuf: a small message then costs a
+	 * small chain instead of a fresh CONN_READ_CHUNK one.
+	 */
 	evbuffer_unfreeze(in, 0);
-	if (evbuffer_reserve_space(in, CONN_READ_CHUNK, &v, 1) < 1) {
-		evbuffer_freeze(in, 0);
-		return;
-	}
-	n = recv(fd, v.iov_base, v.iov_len, 0);
-	if (n > 0) {
-		v.iov_len = (size_t)n;
-		evbuffer_commit_space(in, &v, 1);
+	if (evbuffer_get_length(in) > 0 && evbuffer_reserve_space(in, CONN_READ_CHUNK, &v, 1) >= 1) {
+		n = recv(fd, v.iov_base, v.iov_len, 0);
+		if (n > 0) {
+			v.iov_len = (size_t)n;
+			evbuffer_commit_space(in, &v, 1);
+		}
+	} else {
+		n = recv(fd, rt->readbuf, sizeof(rt->readbuf), 0);
+		if (n > 0)
+			evbuffer_add(in, rt->readbuf, (size_t)n);
 	}
 	evbuffer_freeze(in, 0);
 	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
