@@ -159,6 +159,11 @@ static void client_row(struct admin_ctx *a, struct client *c, const char *state)
 	const char *v[N_SOCK_COLS];
 
 	addr_to_str(&c->addr, host, sizeof(host), &port);
+	if (c->local.ss_family == 0 && c->bev && c->addr.ss_family != AF_UNIX) {
+		socklen_t ll = sizeof(c->local);	/* looked up on first SHOW, not per connection */
+		if (getsockname(bufferevent_getfd(c->bev), (struct sockaddr *)&c->local, &ll) < 0)
+			memset(&c->local, 0, sizeof(c->local));
+	}
 	addr_to_str(&c->local, lhost, sizeof(lhost), &lport);
 	fmt_time(ct, sizeof(ct), c->connect_time);
 	snprintf(ptr, sizeof(ptr), "%p", (void *)c);

@@ -48,8 +48,7 @@ const char *client_ident(const struct client *c, char *buf, size_t len)
 static void set_sock_opts(int fd, bool is_unix)
 {
 	int on = 1;
-	evutil_make_socket_nonblocking(fd);
-	evutil_make_socket_closeonexec(fd);
+	/* the listener accepts with SOCK_NONBLOCK | SOCK_CLOEXEC already */
 	if (is_unix)
 		return;
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
@@ -67,13 +66,8 @@ void client_accept(int fd, const struct sockaddr *sa, int salen, bool is_unix)
 	c->state = CL_LOGIN;
 	if (salen > 0 && (size_t)salen <= sizeof(c->addr))
 		memcpy(&c->addr, sa, (size_t)salen);
-	if (is_unix) {
+	if (is_unix)
 		c->addr.ss_family = AF_UNIX;
-	} else {
-		socklen_t ll = sizeof(c->local);
-		if (getsockname(fd, (struct sockaddr *)&c->local, &ll) < 0)
-			memset(&c->local, 0, sizeof(c->local));
-	}
 	c->connect_time = now_wall();
 	c->login_start = c->request_time = now_mono();
 	c->bev = bufferevent_socket_new(rt->base, fd, BEV_OPT_CLOSE_ON_FREE);

@@ -153,7 +153,7 @@ static bool start_listeners(void)
 	for (int i = 0; i < rt->n_listeners; i++) {
 		struct listener *li = &rt->listeners[i];
 		evutil_make_socket_nonblocking(li->fd);
-		li->l = evconnlistener_new(rt->base, accept_cb, li, LEV_OPT_CLOSE_ON_FREE, -1, li->fd);
+		li->l = evconnlistener_new(rt->base, accept_cb, li, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, -1, li->fd);
 		if (!li->l)
 			return false;
 		evconnlistener_set_error_cb(li->l, accept_error_cb);
