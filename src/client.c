@@ -86,7 +86,7 @@ void client_accept(int fd, const struct sockaddr *sa, int salen, bool is_unix)
 		client_close(c, NULL, "out of memory");
 		return;
 	}
-	evutil_secure_rng_get_bytes(c->cancel_key, sizeof(c->cancel_key));
+	random_bytes(c->cancel_key, sizeof(c->cancel_key));
 	if (rt->n_clients > rt->cf->max_client_conn) {
 		client_close(c, "53300", "no more connections allowed (max_client_conn)");
 		return;
@@ -473,7 +473,7 @@ static void client_auth_start(struct client *c)
 	} else if (type == AUTH_SCRAM) {
 		goto sasl;
 	} else {
-		evutil_secure_rng_get_bytes(c->md5_salt, 4);
+		random_bytes(c->md5_salt, 4);
 		c->auth_step = 1;
 		auth_request(c, 5, c->md5_salt, 4);
 	}
@@ -636,7 +636,7 @@ void client_welcome(struct client *c)
 
 	pkt_auth_req(pb, 0, NULL, 0);
 	for (int i = 0; p && i < p->n_welcome; i++) {
-		int id = varcache_lookup(p->welcome[i].name);
+		int id = p->welcome[i].var;
 		const char *v = p->welcome[i].value;
 		if (id >= 0) {
 			if (!c->vars.v[id])

@@ -187,6 +187,7 @@ struct lk_db {
 struct param {
 	char *name;
 	char *value;
+	int var;			/* enum var_id, or -1 */
 };
 
 struct pool {
@@ -255,6 +256,7 @@ extern struct lk_runtime *rt;
 usec_t now_mono(void);
 usec_t now_wall(void);
 char *xstrdup(const char *s);
+void random_bytes(void *buf, size_t n);
 void *xcalloc(size_t n, size_t size);
 const char *addr_to_str(const struct sockaddr_storage *ss, char *buf, size_t len, int *port);
 void varcache_free(struct varcache *vc);

@@ -18,6 +18,8 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,6 +77,8 @@ static bool listen_tcp(const char *host, int port)
 			setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &on, sizeof(on));
 		if (ai->ai_family == AF_INET6)
 			setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &on, sizeof(on));
+		/* as PgBouncer on Linux: accept() only once the startup packet is there */
+		setsockopt(fd, IPPROTO_TCP, TCP_DEFER_ACCEPT, &on, sizeof(on));
 		if (bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, rt->cf->listen_backlog) < 0) {
 			log_error("could not listen on %s port %d: %s", host, port, strerror(errno));
 			close(fd);

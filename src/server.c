@@ -330,6 +330,7 @@ static void remember_param(struct server *s, const uint8_t *body, uint32_t len)
 		p->welcome = np;
 		np[p->n_welcome].name = xstrdup(name);
 		np[p->n_welcome].value = xstrdup(val);
+		np[p->n_welcome].var = id;
 		p->n_welcome++;
 	}
 }

@@ -9,6 +9,7 @@
 #include "core.h"
 
 #include <errno.h>
+#include <openssl/rand.h>
 #include <sys/socket.h>
 
 #include <arpa/inet.h>
@@ -43,6 +44,13 @@ char *xstrdup(const char *s)
 		abort();
 	}
 	return r;
+}
+
+/* Cancel keys and salts: OpenSSL's DRBG (no syscall per call), libevent's as a fallback. */
+void random_bytes(void *buf, size_t n)
+{
+	if (RAND_bytes(buf, (int)n) != 1)
+		evutil_secure_rng_get_bytes(buf, n);
 }
 
 void *xcalloc(size_t n, size_t size)
