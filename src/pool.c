@@ -92,12 +92,21 @@ struct lk_db *db_lookup(const char *name, bool create_auto)
 
 static int pool_mode_lookup(const struct pool *p);
 
+/*
+ * The password a pool logs in with: the [databases] entry's password; for a
+ * forced user without one, that user's auth_file secret (as PgBouncer does);
+ * else the client user's auth_file secret.
+ */
 static const char *pool_password(const struct lk_db *db, const char *secret)
 {
-	if (db->conf.user)
-		return db->conf.password;
+	const struct auth_entry *ae;
+
 	if (db->conf.password)
 		return db->conf.password;
+	if (db->conf.user) {
+		ae = config_find_auth(rt->cf, db->conf.user);
+		return ae ? ae->secret : NULL;
+	}
 	return secret;
 }
 

@@ -475,3 +475,12 @@ def client_port(conn):
         return s.getsockname()[1]
     finally:
         s.close()
+
+
+def test_forced_user_without_password_logs_in_with_its_auth_file_secret(bouncer_factory, pg):
+    # md5user has no password= in this entry: lokadb must take it from the auth_file
+    dbs = {name: None for name in ("p0_trust", "p0_md5", "p0_scram", "p0_clear")}
+    dbs["pforced"] = f"host=127.0.0.1 port={pg.port} dbname=p0 user=md5user"
+    b = bouncer_factory(databases=dbs)
+    c = b.connect("pforced")
+    assert c.execute("select current_user").fetchone()[0] == "md5user"
