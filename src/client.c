@@ -549,6 +549,7 @@ static void sasl_step(struct client *c, const uint8_t *body, uint32_t len)
 	}
 	auth_request(c, 12, out, strlen(out));
 	free(out);
+	c->has_scram_keys = scram_server_keys(c->scram, c->scram_keys, c->scram_keys + 32);
 	scram_server_free(c->scram);
 	c->scram = NULL;
 	client_login_done(c);
@@ -613,6 +614,7 @@ static void client_login_done(struct client *c)
 		client_close(c, "08P01", "could not create pool");
 		return;
 	}
+	pool_take_scram_keys(c->pool, c);
 	if (rt->cf->log_connections)
 		log_info("%s login attempt: db=%s user=%s", client_ident(c, ident, sizeof(ident)), c->dbname, c->user);
 	TAILQ_REMOVE(&rt->login_clients, c, entry);

@@ -135,6 +135,8 @@ struct client {
 	uint8_t md5_salt[4];
 	struct scram_server *scram;
 	char *secret;			/* copy of its auth_file secret (reloads free the config) */
+	uint8_t scram_keys[64];		/* ClientKey + ServerKey from its SCRAM login */
+	bool has_scram_keys;
 	char *peer_ident;
 };
 
@@ -208,6 +210,8 @@ struct pool {
 	struct lk_stats stats, prev_stats, avg;
 	usec_t last_used;
 	int mode;			/* cached pool_mode_of(); refreshed on reload and SET */
+	uint8_t scram_keys[64];		/* a client's ClientKey + ServerKey for login_password */
+	bool has_scram_keys;
 };
 
 TAILQ_HEAD(db_list, lk_db);
@@ -303,7 +307,8 @@ struct lk_db *db_lookup(const char *name, bool create_auto);
 struct pool *pool_get(struct lk_db *db, const char *user, const char *secret);
 int pool_mode_of(const struct pool *p);
 int pool_size_of(const struct pool *p);
-void pool_launch_first(struct pool *p);	/* a server for a pool without one yet */
+void pool_launch_first(struct pool *p);
+void pool_take_scram_keys(struct pool *p, struct client *c);	/* a server for a pool without one yet */
 bool pool_acquire(struct client *c);		/* links a server, or queues c: false */
 void pool_release(struct server *s);		/* server done with its client */
 void pool_server_ready(struct server *s);	/* login or reset finished: give it work */

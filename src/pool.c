@@ -13,6 +13,7 @@
  */
 #include "core.h"
 
+#include <openssl/crypto.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -332,6 +333,20 @@ static bool can_launch(struct pool *p, bool reserve)
 	return true;
 }
 
+/*
+ * SCRAM pass-through: a client that proved the very SCRAM secret the pool
+ * logs in with leaves its ClientKey, so servers can log in without a password.
+ */
+void pool_take_scram_keys(struct pool *p, struct client *c)
+{
+	if (c->has_scram_keys && c->secret && p->login_password && strcmp(c->secret, p->login_password) == 0) {
+		memcpy(p->scram_keys, c->scram_keys, sizeof(p->scram_keys));
+		p->has_scram_keys = true;
+	}
+	OPENSSL_cleanse(c->scram_keys, sizeof(c->scram_keys));
+	c->has_scram_keys = false;
+}
+
 void pool_launch_first(struct pool *p)
 {
 	if (p->n_login_sv == 0 && p->n_idle_sv + p->n_active_sv == 0 && !pool_is_paused(p) && can_launch(p, false))
@@ -574,6 +589,7 @@ void pool_apply_config(struct lk_config *old)
 		if (!str_eq(pw, p->login_password)) {
 			free(p->login_password);
 			p->login_password = xstrdup(pw);
+			p->has_scram_keys = false;	/* they were for the old secret */
 		}
 		if (!p->db->conf.user || strcmp(p->login_user, p->db->conf.user) != 0) {
 			const char *lu = p->db->conf.user ? p->db->conf.user : p->user;

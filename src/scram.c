@@ -106,10 +106,15 @@ struct scram_server {
 	char *nonce;		/* client nonce + own part */
 	char *client_first_bare;
 	char *server_first;
+	uint8_t client_key[SCRAM_KEY_LEN];	/* recovered from a verified proof */
+	bool have_client_key;
 };
 
 struct scram_client {
 	enum scram_phase phase;
+	bool use_keys;		/* log in with client_key/server_key, not a password */
+	uint8_t client_key[SCRAM_KEY_LEN];
+	uint8_t server_key[SCRAM_KEY_LEN];
 	char *password;
 	char *user;		/* saslname-escaped, "" by default */
 	char *fixed_nonce;	/* test hook, or NULL */
@@ -707,6 +712,7 @@ void scram_server_free(struct scram_server *st)
 	free(st->nonce);
 	free(st->client_first_bare);
 	free(st->server_first);
+	OPENSSL_cleanse(st->client_key, sizeof(st->client_key));
 	free(st);
 }
 
@@ -799,7 +805,7 @@ static const char *server_make_final(const struct scram_server *st, const char *
  * ClientKey = proof XOR HMAC(StoredKey, AuthMessage); the client knows the
  * password iff H(ClientKey) == StoredKey.
  */
-static const char *server_verify(const struct scram_server *st, const char *without_proof,
+static const char *server_verify(struct scram_server *st, const char *without_proof,
 				 const struct client_final *cf, char **out)
 {
 	uint8_t sig[SCRAM_KEY_LEN], client_key[SCRAM_KEY_LEN], stored[SCRAM_KEY_LEN];
@@ -819,6 +825,10 @@ static const char *server_verify(const struct scram_server *st, const char *with
 		reason = ERR_AUTH;
 	else
 		reason = server_make_final(st, authmsg, out);
+	if (!reason) {
+		memcpy(st->client_key, client_key, SCRAM_KEY_LEN);
+		st->have_client_key = true;
+	}
 end:
 	OPENSSL_cleanse(client_key, sizeof(client_key));
 	free(authmsg);
@@ -849,9 +859,30 @@ bool scram_server_final(struct scram_server *st, const char *msg, size_t len,
 	return step_done(&st->phase, SCRAM_DONE, reason, err, errlen);
 }
 
+bool scram_server_keys(const struct scram_server *st, uint8_t client_key[32], uint8_t server_key[32])
+{
+	if (!st || st->phase != SCRAM_DONE || !st->have_client_key)
+		return false;
+	memcpy(client_key, st->client_key, SCRAM_KEY_LEN);
+	memcpy(server_key, st->keys.server_key, SCRAM_KEY_LEN);
+	return true;
+}
+
 /* ---------------------------------------------------------------- */
 /* Client role                                                       */
 /* ---------------------------------------------------------------- */
+
+struct scram_client *scram_client_new_keys(const uint8_t client_key[32], const uint8_t server_key[32])
+{
+	struct scram_client *st = scram_client_new(NULL);
+
+	if (!st)
+		return NULL;
+	st->use_keys = true;
+	memcpy(st->client_key, client_key, SCRAM_KEY_LEN);
+	memcpy(st->server_key, server_key, SCRAM_KEY_LEN);
+	return st;
+}
 
 struct scram_client *scram_client_new(const char *password)
 {
@@ -878,6 +909,8 @@ void scram_client_free(struct scram_client *st)
 	free(st->nonce);
 	free(st->client_first_bare);
 	OPENSSL_cleanse(st->server_signature, sizeof(st->server_signature));
+	OPENSSL_cleanse(st->client_key, sizeof(st->client_key));
+	OPENSSL_cleanse(st->server_key, sizeof(st->server_key));
 	free(st);
 }
 
@@ -964,8 +997,14 @@ static bool client_proof(struct scram_client *st, const struct server_first *sf,
 	size_t len = strlen(authmsg);
 	bool ok;
 
-	ok = derive_keys(st->password, &k, client_key)
-		&& hmac(k.stored_key, authmsg, len, sig)
+	if (st->use_keys) {
+		memcpy(client_key, st->client_key, SCRAM_KEY_LEN);
+		memcpy(k.server_key, st->server_key, SCRAM_KEY_LEN);
+		ok = sha256(client_key, k.stored_key);
+	} else {
+		ok = derive_keys(st->password, &k, client_key);
+	}
+	ok = ok && hmac(k.stored_key, authmsg, len, sig)
 		&& hmac(k.server_key, authmsg, len, st->server_signature);
 	if (ok)
 		xor_key(client_key, sig, proof);

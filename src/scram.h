@@ -173,4 +173,15 @@ void scram_server_set_nonce(struct scram_server *st, const char *nonce);
  */
 void scram_client_set_user(struct scram_client *st, const char *user);
 
+/*
+ * SCRAM pass-through (PgBouncer's way to log in to PostgreSQL with a SCRAM
+ * secret and no password): after a successful exchange, the server role
+ * hands out the ClientKey recovered from the client's proof and the
+ * secret's ServerKey (both 32 bytes; false before success).
+ * scram_client_new_keys() logs in with them instead of a password; it works
+ * when PostgreSQL holds the same secret (same salt and iterations).
+ */
+bool scram_server_keys(const struct scram_server *st, uint8_t client_key[32], uint8_t server_key[32]);
+struct scram_client *scram_client_new_keys(const uint8_t client_key[32], const uint8_t server_key[32]);
+
 #endif

@@ -263,9 +263,12 @@ static bool login_auth(struct server *s, const uint8_t *body, uint32_t len)
 		send_password_msg(s, md5, strlen(md5) + 1);
 		return true;
 	case 10:
-		if (!pw || scram_is_md5_secret(pw) || scram_is_scram_secret(pw))
+		if (pw && scram_is_scram_secret(pw) && s->pool->has_scram_keys)
+			s->scram = scram_client_new_keys(s->pool->scram_keys, s->pool->scram_keys + 32);
+		else if (!pw || scram_is_md5_secret(pw) || scram_is_scram_secret(pw))
 			goto nopw;
-		s->scram = scram_client_new(pw);
+		else
+			s->scram = scram_client_new(pw);
 		out = s->scram ? scram_client_first(s->scram) : NULL;
 		if (!out)
 			goto oom;
@@ -295,7 +298,10 @@ static bool login_auth(struct server *s, const uint8_t *body, uint32_t len)
 		return false;
 	}
 nopw:
-	pool_server_login_failed(s->pool, "08P01", "no password available for server login; set password= in [databases] or a plain/md5 secret in auth_file");
+	pool_server_login_failed(s->pool, "08P01", pw && scram_is_scram_secret(pw) ?
+		"the auth_file has only a SCRAM secret for the server login and no client has logged in with it yet; "
+		"set password= in [databases] or a plain secret in auth_file" :
+		"no password available for server login; set password= in [databases] or a plain/md5 secret in auth_file");
 	server_close(s, "server login failed: no usable password for user %s", s->pool->login_user);
 	return false;
 scram_fail:

@@ -140,3 +140,22 @@ def test_wrong_server_password_gives_the_client_an_error_not_a_hang(bouncer_fact
     seen = str(ei.value) + b.log()
     assert "password authentication failed" in seen
     assert_serves(b)
+
+
+def test_scram_secret_from_pg_authid_logs_in_to_the_server_by_pass_through(bouncer_factory, pg):
+    """A userlist holding only PostgreSQL's own SCRAM secret: the client's SCRAM
+    proof gives lokadb the ClientKey, and the server login uses it (no password)."""
+    secret = pg.sql("select rolpassword from pg_authid where rolname = 'scramuser'")[0][0]
+    assert secret.startswith("SCRAM-SHA-256$")
+    b = bouncer_factory(settings={"auth_type": "scram-sha-256"}, start=False)
+    text = b.userlist.read_text()
+    lines = [ln for ln in text.splitlines() if not ln.startswith('"scramuser"')]
+    lines.append(f'"scramuser" "{secret}"')
+    b.userlist.write_text("\n".join(lines) + "\n")
+    b.start()
+    c = b.connect("p0", user="scramuser", password="scrampass")
+    assert c.execute("select current_user").fetchone()[0] == "scramuser"
+    c.close()
+    b.admin("RECONNECT p0")          # a fresh server login reuses the kept keys
+    c2 = b.connect("p0", user="scramuser", password="scrampass")
+    assert c2.execute("select 2").fetchone()[0] == 2

@@ -54,11 +54,9 @@ static const uint8_t pg_salt[] = {
 
 /* ---- helpers ---- */
 
-/* A full exchange between our two roles; false with err on any refusal. */
-static bool exchange(const char *secret, const char *password, char *err, size_t errlen)
+/* A full exchange between a server and a client made by the caller. */
+static bool exchange_with(struct scram_server *s, struct scram_client *c, char *err, size_t errlen)
 {
-	struct scram_server *s = scram_server_new(secret);
-	struct scram_client *c = scram_client_new(password);
 	char *m1 = NULL, *m2 = NULL, *m3 = NULL, *m4 = NULL;
 	bool ok;
 
@@ -72,6 +70,46 @@ static bool exchange(const char *secret, const char *password, char *err, size_t
 	free(m2);
 	free(m3);
 	free(m4);
+	return ok;
+}
+
+/*
+ * Pass-through: the keys a server role recovers from a client's proof log
+ * in to another server holding the same secret, and not to one with another.
+ */
+static bool test_pass_through_keys(void)
+{
+	bool ok = true;
+	char err[ERRLEN];
+	uint8_t ck[32], sk[32];
+	struct scram_server *s1 = scram_server_new(RFC_SECRET), *s2 = scram_server_new(RFC_SECRET);
+	struct scram_server *s3 = scram_server_new("another password");
+	struct scram_client *c1 = scram_client_new(RFC_PASSWORD), *c2 = NULL, *c3 = NULL;
+
+	CHECK(!scram_server_keys(s1, ck, sk));	/* nothing before success */
+	CHECK(exchange_with(s1, c1, err, sizeof(err)));
+	CHECK(scram_server_keys(s1, ck, sk));
+	c2 = scram_client_new_keys(ck, sk);
+	CHECK(exchange_with(s2, c2, err, sizeof(err)));
+	c3 = scram_client_new_keys(ck, sk);
+	CHECK(!exchange_with(s3, c3, err, sizeof(err)));
+end:
+	scram_server_free(s1);
+	scram_server_free(s2);
+	scram_server_free(s3);
+	scram_client_free(c1);
+	scram_client_free(c2);
+	scram_client_free(c3);
+	return ok;
+}
+
+/* A full exchange between our two roles; false with err on any refusal. */
+static bool exchange(const char *secret, const char *password, char *err, size_t errlen)
+{
+	struct scram_server *s = scram_server_new(secret);
+	struct scram_client *c = scram_client_new(password);
+	bool ok = exchange_with(s, c, err, errlen);
+
 	scram_server_free(s);
 	scram_client_free(c);
 	return ok;
@@ -651,6 +689,7 @@ end:
 }
 
 static const struct unit_case cases[] = {
+	{ "pass-through keys log in to the same secret only", test_pass_through_keys },
 	{ "md5 secret", test_md5_secret },
 	{ "md5 answer", test_md5_answer },
 	{ "md5 secret shape", test_md5_is_secret },
