@@ -47,13 +47,9 @@ const char *client_ident(const struct client *c, char *buf, size_t len)
 
 static void set_sock_opts(int fd, bool is_unix)
 {
-	int on = 1;
 	/* the listener accepts with SOCK_NONBLOCK | SOCK_CLOEXEC already */
-	if (is_unix)
-		return;
-	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
-	if (rt->cf->tcp_keepalive)
-		setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+	if (!is_unix)
+		tcp_tune(fd);
 }
 
 void client_accept(int fd, const struct sockaddr *sa, int salen, bool is_unix)
@@ -591,6 +587,18 @@ static bool read_auth_message(struct client *c, struct evbuffer *in)
 	return !c->closing;
 }
 
+/* application_name_add_host: "NAME - HOST:PORT", as PgBouncer does. */
+static void add_host_to_appname(struct client *c)
+{
+	char host[64], buf[256];
+	const char *app = c->vars.v[VAR_APPNAME];
+	int port;
+
+	addr_to_str(&c->addr, host, sizeof(host), &port);
+	snprintf(buf, sizeof(buf), "%s - %s:%d", app ? app : "", host, port);
+	varcache_set(&c->vars, VAR_APPNAME, buf);
+}
+
 static void client_login_done(struct client *c)
 {
 	char ident[160];
@@ -615,6 +623,8 @@ static void client_login_done(struct client *c)
 		return;
 	}
 	pool_take_scram_keys(c->pool, c);
+	if (rt->cf->application_name_add_host && c->addr.ss_family != AF_UNIX)
+		add_host_to_appname(c);
 	if (rt->cf->log_connections)
 		log_info("%s login attempt: db=%s user=%s", client_ident(c, ident, sizeof(ident)), c->dbname, c->user);
 	TAILQ_REMOVE(&rt->login_clients, c, entry);

@@ -158,6 +158,7 @@ struct server {
 	bool ready;			/* nothing owed, idle in no transaction */
 	bool copy_in;
 	bool close_needed;		/* RECONNECT / config change: close when released */
+	bool checked;			/* ran a query of the pooler since its last client */
 	bool closing;
 	bool connected;
 	int login_step;
@@ -261,6 +262,7 @@ usec_t now_mono(void);
 usec_t now_wall(void);
 char *xstrdup(const char *s);
 void random_bytes(void *buf, size_t n);
+void tcp_tune(int fd);
 void *xcalloc(size_t n, size_t size);
 const char *addr_to_str(const struct sockaddr_storage *ss, char *buf, size_t len, int *port);
 void varcache_free(struct varcache *vc);

@@ -273,6 +273,7 @@ static void pool_link(struct client *c, struct server *s)
 	pool_set_server_state(s, SV_ACTIVE);
 	s->link = c;
 	c->link = s;
+	s->checked = false;
 	s->last_used = now;
 	c->pool->stats.server_assignment_count++;
 	if (c->state == CL_WAITING) {
@@ -353,10 +354,29 @@ void pool_launch_first(struct pool *p)
 		server_launch(p);
 }
 
+/*
+ * An idle server to hand out. One unused for longer than server_check_delay
+ * (0: always) first runs server_check_query; it comes back through
+ * pool_server_ready() and is handed out then.
+ */
+static struct server *idle_server(struct pool *p)
+{
+	const struct lk_config *cf = rt->cf;
+	struct server *s;
+
+	while ((s = TAILQ_FIRST(&p->idle_servers))) {
+		if (!cf->server_check_query || s->checked || rt->now - s->last_used < cf->server_check_delay)
+			return s;
+		pool_set_server_state(s, SV_TESTED);
+		server_send_hidden(s, cf->server_check_query);
+	}
+	return NULL;
+}
+
 bool pool_acquire(struct client *c)
 {
 	struct pool *p = c->pool;
-	struct server *s = TAILQ_FIRST(&p->idle_servers);
+	struct server *s = idle_server(p);
 
 	if (s && !pool_is_paused(p)) {
 		pool_link(c, s);
@@ -375,7 +395,7 @@ static void pool_activate(struct pool *p)
 	struct client *c;
 	struct server *s;
 
-	while (!pool_is_paused(p) && (c = TAILQ_FIRST(&p->waiting_clients)) && (s = TAILQ_FIRST(&p->idle_servers))) {
+	while (!pool_is_paused(p) && (c = TAILQ_FIRST(&p->waiting_clients)) && (s = idle_server(p))) {
 		pool_link(c, s);
 		client_resume(c);
 	}

@@ -73,8 +73,6 @@ static void server_start_login(struct server *s)
 
 static void server_connect_addr(struct server *s, const struct sockaddr *sa, socklen_t len)
 {
-	int on = 1;
-
 	memcpy(&s->addr, sa, len);
 	s->addrlen = len;
 	s->bev = bufferevent_socket_new(rt->base, -1, BEV_OPT_CLOSE_ON_FREE);
@@ -90,7 +88,7 @@ static void server_connect_addr(struct server *s, const struct sockaddr *sa, soc
 		return;
 	}
 	if (sa->sa_family != AF_UNIX)
-		setsockopt(bufferevent_getfd(s->bev), IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
+		tcp_tune(bufferevent_getfd(s->bev));
 }
 
 static void server_dns_done(void *arg, const struct sockaddr *sa, socklen_t len, const char *error)
@@ -452,6 +450,7 @@ static void server_became_ready(struct server *s)
 
 	s->last_used = rt->now;
 	if (s->state == SV_TESTED) {
+		s->checked = true;
 		pool_server_ready(s);
 		return;
 	}
@@ -503,6 +502,8 @@ static bool inspect_message(struct server *s, struct evbuffer *in, const uint8_t
 		char ident[160];
 		error_fields(body, len - 4, &code, &msg);
 		log_warning("%s query of the pooler failed: %s (%s)", server_ident(s, ident, sizeof(ident)), msg, code);
+		if (s->state == SV_TESTED)
+			s->close_needed = true;	/* a failed check, reset or connect_query: not reused */
 	}
 	move_bytes(s, in, len + 1);
 	return true;

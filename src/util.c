@@ -10,6 +10,8 @@
 
 #include <errno.h>
 #include <openssl/rand.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 
 #include <arpa/inet.h>
@@ -79,6 +81,24 @@ const char *addr_to_str(const struct sockaddr_storage *ss, char *buf, size_t len
 		snprintf(buf, len, "unix");
 	}
 	return buf;
+}
+
+/* TCP_NODELAY and the tcp_keep* settings, for client and server sockets. */
+void tcp_tune(int fd)
+{
+	const struct lk_config *cf = rt->cf;
+	int on = 1;
+
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
+	if (!cf->tcp_keepalive)
+		return;
+	setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+	if (cf->tcp_keepidle > 0)
+		setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &cf->tcp_keepidle, sizeof(int));
+	if (cf->tcp_keepintvl > 0)
+		setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &cf->tcp_keepintvl, sizeof(int));
+	if (cf->tcp_keepcnt > 0)
+		setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cf->tcp_keepcnt, sizeof(int));
 }
 
 /* ---- varcache ---- */

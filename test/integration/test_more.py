@@ -484,3 +484,32 @@ def test_forced_user_without_password_logs_in_with_its_auth_file_secret(bouncer_
     b = bouncer_factory(databases=dbs)
     c = b.connect("pforced")
     assert c.execute("select current_user").fetchone()[0] == "md5user"
+
+
+def test_server_check_query_runs_on_a_connection_idle_longer_than_server_check_delay(bouncer_factory):
+    check = "select set_config('lokadb_test.checked', 'yes', false)"
+    b = bouncer_factory(settings={"server_check_delay": "0.3", "server_check_query": check,
+                                  "pool_mode": "transaction"})
+    c = b.connect("p0")
+    pid, before = c.execute("select pg_backend_pid(), current_setting('lokadb_test.checked', true)").fetchone()
+    assert before in (None, "")          # a fresh connection is not checked
+    time.sleep(0.8)
+    pid2, after = c.execute("select pg_backend_pid(), current_setting('lokadb_test.checked', true)").fetchone()
+    assert pid2 == pid and after == "yes", "the idle server was reused without server_check_query"
+
+
+def test_failed_server_check_query_replaces_the_connection(bouncer_factory):
+    b = bouncer_factory(settings={"server_check_delay": "0", "server_check_query": "select no_such_column",
+                                  "pool_mode": "transaction"})
+    c = b.connect("p0")
+    first = c.execute("select pg_backend_pid()").fetchone()[0]
+    second = c.execute("select pg_backend_pid()").fetchone()[0]
+    assert first != second, "a server whose check failed was handed out again"
+    b.wait_log("query of the pooler failed")
+
+
+def test_application_name_add_host_appends_the_client_address(bouncer_factory):
+    b = bouncer_factory(settings={"application_name_add_host": "1"})
+    c = b.connect("p0", application_name="app1")
+    name = c.execute("show application_name").fetchone()[0]
+    assert name.startswith("app1 - 127.0.0.1:"), name
