@@ -253,6 +253,8 @@ struct lk_runtime {
 	int verbose;
 	struct pktbuf pb;		/* scratch for building replies; emptied after each use */
 	char readbuf[16384];		/* socket reads land here before their evbuffer */
+	uint8_t rand_pool[256];		/* random_bytes(): unread CSPRNG output */
+	size_t rand_pos;		/* bytes of rand_pool already handed out */
 };
 
 extern struct lk_runtime *rt;

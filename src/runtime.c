@@ -444,4 +444,5 @@ void runtime_init(void)
 	TAILQ_INIT(&rt->justfree_clients);
 	TAILQ_INIT(&rt->justfree_servers);
 	pkt_init(&rt->pb);
+	rt->rand_pos = sizeof(rt->rand_pool);	/* empty: the first use fills it */
 }
