@@ -452,7 +452,30 @@ static void cmd_pause(struct admin_ctx *a)
 		db->paused = true;
 	else
 		rt->paused = true;
-	finish(a, "PAUSE");
+	pool_reconnect(db);	/* as PgBouncer: servers are closed once released */
+	if (pool_active_servers(db) == 0) {
+		finish(a, "PAUSE");
+		return;
+	}
+	/* answered by admin_janitor() once every server is released */
+	a->c->pause_wait = true;
+	a->c->pause_db = db;
+}
+
+/* PAUSE answers when the last server of its database is released. */
+void admin_janitor(void)
+{
+	struct client *c, *tmp;
+
+	TAILQ_FOREACH_SAFE(c, &rt->admin_clients, entry, tmp) {
+		if (!c->pause_wait || pool_active_servers(c->pause_db) > 0)
+			continue;
+		c->pause_wait = false;
+		pkt_command_complete(&rt->pb, "PAUSE");
+		pkt_ready(&rt->pb, 'I');
+		pkt_send(&rt->pb, bufferevent_get_output(c->bev));
+		client_process(c);
+	}
 }
 
 static void cmd_resume(struct admin_ctx *a)

@@ -770,6 +770,8 @@ static bool client_message(struct client *c, struct evbuffer *in)
 	}
 	if (c->state == CL_ADMIN) {
 		char *sql;
+		if (c->pause_wait)
+			return false;	/* the next command waits for PAUSE's answer */
 		if (hdr[0] != 'Q') {
 			client_close(c, "08P01", "the console supports only the simple query protocol");
 			return false;

@@ -128,6 +128,8 @@ struct client {
 	usec_t wait_start;		/* monotonic, when it began waiting */
 	uint32_t fwd_remaining;		/* bytes of the current message still to forward */
 	bool admin_full;		/* console: admin (not only stats) */
+	bool pause_wait;		/* console: PAUSE not answered yet */
+	struct lk_db *pause_db;		/* ... for this database (NULL: all) */
 	bool closing;
 	bool throttled;			/* reading paused because the server's output is full */
 	/* authentication */
@@ -332,6 +334,7 @@ void pool_free_all(void);
 
 /* admin.c */
 void admin_handle(struct client *c, const char *sql);
+void admin_janitor(void);
 bool admin_is_dbname(const char *name);
 
 /* runtime.c */

@@ -709,6 +709,7 @@ void pool_janitor(void)
 		janitor_servers(p, now);
 		janitor_launch(p, now);
 	}
+	admin_janitor();
 	lokadb_check_shutdown();
 }
 

@@ -273,3 +273,17 @@ def test_console_errors_carry_sqlstates_for_bad_arguments(bouncer):
         res = bouncer.admin_result(cmd)
         assert_console_error(res)
     assert isinstance(res.error, PgError)
+
+
+def test_pause_answers_once_open_transactions_have_released_their_servers(bouncer_factory):
+    b = bouncer_factory(settings={"pool_mode": "transaction"})
+    c = b.connect("p0", autocommit=False)
+    first = backend_pid(c)                  # BEGIN implicitly: the server stays linked
+    call = BgCall(b.admin, "PAUSE")
+    assert not call.wait(1.0), "PAUSE answered while a transaction still held its server"
+    c.commit()
+    call.result(5 * SLOW)                   # answered once the server was released
+    assert dict(b.admin("SHOW STATE"))["paused"] == "yes"
+    b.admin("RESUME")
+    assert backend_pid(c) != first, "PAUSE must close the released server, as PgBouncer does"
+    c.commit()
