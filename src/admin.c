@@ -134,7 +134,7 @@ static void show_pools(struct admin_ctx *a)
 		struct client *w = TAILQ_FIRST(&p->waiting_clients);
 		usec_t maxwait = w ? now - w->wait_start : 0;
 		const char *v[17] = {
-			p->db->name, p->user, fmt_int(b[0], p->n_active_cl + p->n_login_cl), fmt_int(b[1], p->n_waiting_cl),
+			p->db->name, p->user, fmt_int(b[0], p->n_active_cl), fmt_int(b[1], p->n_waiting_cl + p->n_login_cl),
 			"0", "0", fmt_int(b[2], p->n_active_sv), "0", "0", fmt_int(b[3], p->n_idle_sv), "0",
 			fmt_int(b[4], p->n_tested_sv), fmt_int(b[5], p->n_login_sv), fmt_int(b[6], maxwait / USEC),
 			fmt_int(b[7], maxwait % USEC), mode_name(pool_mode_of(p)), NULL,

@@ -731,7 +731,10 @@ void pool_stats_tick(void)
 		avg->bytes_sent = (uint64_t)((cur->bytes_sent - prev->bytes_sent) / secs);
 		avg->xact_time = dx ? (cur->xact_time - prev->xact_time) / dx : 0;
 		avg->query_time = dq ? (cur->query_time - prev->query_time) / dq : 0;
-		avg->wait_time = dq ? (cur->wait_time - prev->wait_time) / dq : 0;
+		{
+			uint64_t da = cur->server_assignment_count - prev->server_assignment_count;
+			avg->wait_time = da ? (cur->wait_time - prev->wait_time) / da : 0;	/* per assignment */
+		}
 		avg->server_assignment_count = (uint64_t)((cur->server_assignment_count - prev->server_assignment_count) / secs);
 		avg->client_login_count = (uint64_t)((cur->client_login_count - prev->client_login_count) / secs);
 		if (rt->cf->log_stats && (dx || dq))

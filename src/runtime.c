@@ -191,6 +191,13 @@ void runtime_apply_log_settings(void)
 		  rt->verbose + cf->verbose);
 }
 
+/* (Re)arm the stats timer with the current stats_period. */
+static void arm_stats_timer(void)
+{
+	struct timeval st = { rt->cf->stats_period / USEC > 0 ? rt->cf->stats_period / USEC : 60, 0 };
+	event_add(rt->stats_timer, &st);
+}
+
 /* Check the file, then apply it whole; on error nothing changes. */
 bool lokadb_reload(char *err, size_t errlen)
 {
@@ -220,6 +227,7 @@ bool lokadb_reload(char *err, size_t errlen)
 	runtime_apply_log_settings();
 	pool_apply_config(old);
 	config_free(old);
+	arm_stats_timer();
 	log_info("configuration reloaded from %s", rt->config_path);
 	return true;
 }
@@ -372,7 +380,6 @@ static struct event *add_signal(int sig)
 bool runtime_setup_events(void)
 {
 	struct timeval jt = { 0, JANITOR_PERIOD_USEC };
-	struct timeval st = { rt->cf->stats_period / USEC > 0 ? rt->cf->stats_period / USEC : 60, 0 };
 
 	rt->base = event_base_new();
 	if (!rt->base)
@@ -383,7 +390,7 @@ bool runtime_setup_events(void)
 	rt->justfree_ev = event_new(rt->base, -1, 0, justfree_cb, NULL);
 	rt->flush_ev = event_new(rt->base, -1, 0, flush_cb, NULL);
 	event_add(rt->janitor, &jt);
-	event_add(rt->stats_timer, &st);
+	arm_stats_timer();
 	rt->sig_hup = add_signal(SIGHUP);
 	rt->sig_term = add_signal(SIGTERM);
 	rt->sig_int = add_signal(SIGINT);
