@@ -66,7 +66,7 @@ void client_accept(int fd, const struct sockaddr *sa, int salen, bool is_unix)
 		c->addr.ss_family = AF_UNIX;
 	c->connect_time = now_wall();
 	c->login_start = c->request_time = now_mono();
-	c->bev = bufferevent_socket_new(rt->base, fd, BEV_OPT_CLOSE_ON_FREE);
+	c->bev = conn_bev_for(&c->io, fd);
 	if (!c->bev) {
 		evutil_closesocket(fd);
 		free(c);
@@ -92,6 +92,8 @@ void client_accept(int fd, const struct sockaddr *sa, int salen, bool is_unix)
 		return;
 	}
 	conn_want_read(&c->io, true);
+	if (!is_unix)
+		conn_read_now(&c->io);	/* TCP_DEFER_ACCEPT: the startup packet is usually here already */
 }
 
 /*

@@ -100,6 +100,13 @@ struct conn_io {
 	bool queued;
 	bool rd_want;			/* the owner wants input */
 	bool rd_on;			/* rd is added */
+	bool spare_ok;			/* its bufferevent may be kept as a spare when freed */
+};
+
+#define CONN_SPARES_MAX 64
+struct conn_spare {
+	struct bufferevent *bev;
+	struct event *rd;
 };
 TAILQ_HEAD(conn_io_list, conn_io);
 
@@ -255,6 +262,8 @@ struct lk_runtime {
 	int verbose;
 	struct pktbuf pb;		/* scratch for building replies; emptied after each use */
 	char readbuf[16384];		/* socket reads land here before their evbuffer */
+	struct conn_spare spares[CONN_SPARES_MAX];	/* closed clients' bufferevents for reuse */
+	int n_spares;
 	uint8_t rand_pool[256];		/* random_bytes(): unread CSPRNG output */
 	size_t rand_pos;		/* bytes of rand_pool already handed out */
 };
@@ -279,9 +288,12 @@ void conn_write_through(struct conn_io *wt, struct bufferevent *bev);
 bool conn_io_start(struct conn_io *io, size_t rd_high);
 void conn_want_read(struct conn_io *io, bool on);
 void conn_read_check(struct conn_io *io);
+void conn_read_now(struct conn_io *io);
 void conn_write_idle(struct bufferevent *bev);
 void conn_free(struct conn_io *wt, struct bufferevent *bev);
 void conn_flush_all(void);
+struct bufferevent *conn_bev_for(struct conn_io *io, int fd);
+void conn_spares_free(void);
 
 /* pendq */
 bool pend_push(struct pendq *q, enum pend_kind k);

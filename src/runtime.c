@@ -422,6 +422,7 @@ void runtime_teardown(void)
 		client_free_now(TAILQ_FIRST(&rt->closing_clients));
 	justfree_cb(-1, 0, NULL);
 	server_cancel_free_all();
+	conn_spares_free();
 	close_listeners();
 	event_free(rt->janitor);
 	event_free(rt->stats_timer);

@@ -346,10 +346,20 @@ static void conn_read_cb(evutil_socket_t fd, short what, void *arg)
 		eventcb(bev, BEV_EVENT_READING | (n == 0 ? BEV_EVENT_EOF : BEV_EVENT_ERROR), cbarg);
 }
 
+/* Read now instead of waiting for the loop to report the socket readable. */
+void conn_read_now(struct conn_io *io)
+{
+	if (io->rd && io->rd_on)
+		conn_read_cb(bufferevent_getfd(io->bev), EV_READ, io);
+}
+
 /* Set up our read event once the bufferevent has a connected socket. */
 bool conn_io_start(struct conn_io *io, size_t rd_high)
 {
-	io->rd = event_new(rt->base, bufferevent_getfd(io->bev), EV_READ | EV_PERSIST, conn_read_cb, io);
+	if (io->rd)	/* a spare: point it at the new socket */
+		event_assign(io->rd, rt->base, bufferevent_getfd(io->bev), EV_READ | EV_PERSIST, conn_read_cb, io);
+	else
+		io->rd = event_new(rt->base, bufferevent_getfd(io->bev), EV_READ | EV_PERSIST, conn_read_cb, io);
 	io->rd_high = rd_high;
 	return io->rd != NULL;
 }
@@ -369,14 +379,13 @@ void conn_read_check(struct conn_io *io)
 		conn_update_rd(io);
 }
 
+static bool conn_spare_put(struct bufferevent *bev, struct event *rd);
+
 /* Free a bufferevent, with its write-through state if it has one. */
 void conn_free(struct conn_io *wt, struct bufferevent *bev)
 {
-	if (wt && wt->rd) {
-		event_free(wt->rd);
-		wt->rd = NULL;
-		wt->rd_on = wt->rd_want = false;
-	}
+	struct event *rd = wt ? wt->rd : NULL;
+
 	if (wt && wt->bev == bev) {
 		evbuffer_remove_cb(bufferevent_get_output(bev), conn_out_cb, wt);
 		if (wt->queued)
@@ -384,5 +393,68 @@ void conn_free(struct conn_io *wt, struct bufferevent *bev)
 		wt->queued = false;
 		wt->bev = NULL;
 	}
+	if (wt) {
+		wt->rd = NULL;
+		wt->rd_on = wt->rd_want = false;
+	}
+	if (rd && wt->spare_ok && conn_spare_put(bev, rd))
+		return;
+	if (rd)
+		event_free(rd);
 	bufferevent_free(bev);
+}
+
+/* ---- spare bufferevents ----
+ *
+ * A freed bufferevent is finalized through the event loop and a new one is
+ * three allocations; client connections come and go per request for some
+ * applications. So a closed client's bufferevent and read event are kept
+ * (socket closed, buffers emptied, callbacks cleared) and given to the next
+ * accepted socket with bufferevent_setfd().
+ */
+static bool conn_spare_put(struct bufferevent *bev, struct event *rd)
+{
+	int fd = bufferevent_getfd(bev);
+	struct evbuffer *in = bufferevent_get_input(bev), *out = bufferevent_get_output(bev);
+
+	if (rt->n_spares == CONN_SPARES_MAX || fd < 0)
+		return false;
+	event_del(rd);
+	bufferevent_setcb(bev, NULL, NULL, NULL, NULL);
+	bufferevent_disable(bev, EV_READ | EV_WRITE);
+	bufferevent_setfd(bev, -1);	/* also unfreezes both buffers */
+	evutil_closesocket(fd);
+	evbuffer_drain(in, evbuffer_get_length(in));
+	evbuffer_drain(out, evbuffer_get_length(out));
+	bufferevent_setwatermark(bev, EV_READ | EV_WRITE, 0, 0);
+	rt->spares[rt->n_spares].bev = bev;
+	rt->spares[rt->n_spares].rd = rd;
+	rt->n_spares++;
+	return true;
+}
+
+/* A bufferevent for an accepted socket: a spare one if there is one. */
+struct bufferevent *conn_bev_for(struct conn_io *io, int fd)
+{
+	struct bufferevent *bev;
+
+	io->spare_ok = true;
+	if (rt->n_spares == 0)
+		return bufferevent_socket_new(rt->base, fd, BEV_OPT_CLOSE_ON_FREE);
+	rt->n_spares--;
+	bev = rt->spares[rt->n_spares].bev;
+	io->rd = rt->spares[rt->n_spares].rd;
+	bufferevent_setfd(bev, fd);
+	evbuffer_freeze(bufferevent_get_input(bev), 0);	/* as a new bufferevent has them */
+	evbuffer_freeze(bufferevent_get_output(bev), 1);
+	return bev;
+}
+
+void conn_spares_free(void)
+{
+	while (rt->n_spares > 0) {
+		rt->n_spares--;
+		event_free(rt->spares[rt->n_spares].rd);
+		bufferevent_free(rt->spares[rt->n_spares].bev);
+	}
 }
