@@ -418,7 +418,7 @@ void pool_release(struct server *s)
 		c->link = NULL;
 	s->link = NULL;
 	if (server_expired(s))
-		server_close(s, server_expired(s) && s->close_needed ? "close_needed" : "server lifetime over");
+		server_close(s, s->close_needed ? "close_needed" : "server lifetime over");
 	else
 		pool_set_server_state(s, SV_IDLE);
 	pool_activate(p);
