@@ -8,7 +8,7 @@ CC ?= cc
 PYTHON ?= /usr/bin/python3
 SANITIZE ?=
 
-CFLAGS_BASE = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -O2 -g -Iinclude -Isrc
+CFLAGS_BASE = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -O2 -g -Iinclude -Isrc -DLOKADB_PLUGIN_DIR=\"$(PREFIX)/lib/lokadb/plugins\"
 ifneq ($(SANITIZE),)
 BUILD = build/san
 SANFLAGS = -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
@@ -17,7 +17,7 @@ BUILD = build/rel
 SANFLAGS =
 endif
 CFLAGS += $(CFLAGS_BASE) $(SANFLAGS) $(DEP_CFLAGS)
-LDFLAGS += $(SANFLAGS) -rdynamic
+LDFLAGS += $(SANFLAGS)
 
 CORE_SRCS = $(filter-out src/main.c,$(wildcard src/*.c))
 CORE_OBJS = $(patsubst src/%.c,$(BUILD)/src/%.o,$(CORE_SRCS))
@@ -30,9 +30,34 @@ else
 BIN = lokadb
 endif
 
-.PHONY: all deps check unit integration bench demo install clean fuzz docs
+.PHONY: all deps check unit integration bench demo install clean fuzz docs plugins test-plugins
 
-all: config.mk $(BIN)
+all: config.mk $(BIN) plugins
+
+# ---- plugins: plugins/NAME/*.c -> plugins/NAME/NAME.so (sanitizer builds: $(BUILD)/plugins/NAME/NAME.so)
+PLUGIN_NAMES = $(notdir $(patsubst %/,%,$(wildcard plugins/*/)))
+ifneq ($(SANITIZE),)
+PLUGIN_OUT = $(BUILD)/plugins
+else
+PLUGIN_OUT = plugins
+endif
+PLUGIN_CFLAGS = $(CFLAGS) -fPIC -fvisibility=hidden -shared
+PLUGIN_SOS = $(foreach n,$(PLUGIN_NAMES),$(PLUGIN_OUT)/$(n)/$(n).so)
+define plugin_rule
+$(PLUGIN_OUT)/$(1)/$(1).so: $(wildcard plugins/$(1)/*.c plugins/$(1)/*.h) $(wildcard include/lokadb/*.h) config.mk
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(PLUGIN_CFLAGS) -Iplugins/$(1) -o $$@ $(wildcard plugins/$(1)/*.c) $$(SANFLAGS) $$(DEP_LIBS)
+endef
+$(foreach n,$(PLUGIN_NAMES),$(eval $(call plugin_rule,$(n))))
+plugins: $(PLUGIN_SOS)
+
+# ---- test plugins: test/plugins/NAME.c -> $(BUILD)/test-plugins/NAME.so (built by make check, not installed)
+TEST_PLUGIN_SRCS = $(wildcard test/plugins/*.c)
+TEST_PLUGINS = $(patsubst test/plugins/%.c,$(BUILD)/test-plugins/%.so,$(TEST_PLUGIN_SRCS))
+$(BUILD)/test-plugins/%.so: test/plugins/%.c $(wildcard include/lokadb/*.h test/plugins/*.h) config.mk
+	@mkdir -p $(dir $@)
+	$(CC) $(PLUGIN_CFLAGS) -Itest/plugins -o $@ $< $(SANFLAGS) $(DEP_LIBS)
+test-plugins: $(TEST_PLUGINS)
 
 config.mk:
 	./configure
@@ -51,8 +76,9 @@ $(BUILD)/unit/%: test/unit/%.c test/unit/unit.h $(CORE_OBJS)
 unit: $(UNIT_BINS)
 	@sh test/unit/run.sh $(UNIT_BINS)
 
-integration: all
+integration: all test-plugins
 	cd test/integration && LOKADB_BIN=$(abspath $(BIN)) LOKADB_SANITIZE=$(SANITIZE) \
+		LOKADB_TEST_PLUGIN_DIR=$(abspath $(BUILD)/test-plugins) \
 		$(PYTHON) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 check: deps all unit fuzz-smoke integration
@@ -76,8 +102,8 @@ fuzz-smoke: $(FUZZ_BINS)
 		|| { tail -40 build/fuzz/$$n.log; exit 1; }; \
 		grep -E "stat::number_of_executed_units" build/fuzz/$$n.log | sed "s/^/  $$n /"; done
 
-bench: all
-	$(PYTHON) bench/run.py
+bench: all test-plugins
+	LOKADB_TEST_PLUGIN_DIR=$(abspath $(BUILD)/test-plugins) $(PYTHON) bench/run.py
 
 demo: deps all
 	sh etc/demo.sh
@@ -91,8 +117,11 @@ deps:
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/doc/lokadb $(DESTDIR)$(PREFIX)/share/lokadb/etc
 	install -m 755 lokadb $(DESTDIR)$(PREFIX)/bin/lokadb
+	install -d $(DESTDIR)$(PREFIX)/lib/lokadb/plugins $(DESTDIR)$(PREFIX)/include/lokadb
+	install -m 644 include/lokadb/*.h $(DESTDIR)$(PREFIX)/include/lokadb/
+	for n in $(PLUGIN_NAMES); do install -m 755 plugins/$$n/$$n.so $(DESTDIR)$(PREFIX)/lib/lokadb/plugins/; done
 	install -m 644 doc/*.md README.md $(DESTDIR)$(PREFIX)/share/doc/lokadb/
 	install -m 644 etc/*.ini etc/*.txt $(DESTDIR)$(PREFIX)/share/lokadb/etc/
 
 clean:
-	rm -rf build lokadb
+	rm -rf build lokadb plugins/*/*.so

@@ -30,6 +30,25 @@ bool admin_is_dbname(const char *name)
 	return strcmp(name, "lokadb") == 0 || strcmp(name, "pgbouncer") == 0;
 }
 
+static const struct show_view *find_view(const char *name);
+static bool is_command_word(const char *word);
+
+/* Is `name` ("WORD" or "SHOW VIEW") one of the core's console commands? */
+bool admin_is_core_command(const char *name)
+{
+	char first[64];
+	const char *sp = strchr(name, ' ');
+	size_t n = sp ? (size_t)(sp - name) : strlen(name);
+
+	if (n >= sizeof(first))
+		return false;
+	memcpy(first, name, n);
+	first[n] = 0;
+	if (strcasecmp(first, "show") == 0)
+		return !sp || find_view(sp + 1) != NULL;
+	return is_command_word(first);
+}
+
 /* ---- result helpers ---- */
 
 static void row_header(struct admin_ctx *a, int n, const char *const *cols)
@@ -110,6 +129,15 @@ static void show_config(struct admin_ctx *a)
 		v[3] = s->reloadable ? "yes" : "no";
 		pkt_data_row(a->pb, 4, v);
 	}
+	plugin_show_config(a->pb);
+	finish(a, "SHOW");
+}
+
+static void show_plugins(struct admin_ctx *a)
+{
+	static const char *const cols[] = { "name", "version", "abi", "path", "hooks", "transports", "commands", "state" };
+	row_header(a, 8, cols);
+	plugin_show_plugins(a->pb);
 	finish(a, "SHOW");
 }
 
@@ -398,13 +426,15 @@ static const struct show_view {
 	{ "databases", show_databases },
 	{ "users", show_users },
 	{ "lists", show_lists },
+	{ "plugins", show_plugins },
 	{ NULL, NULL },
 };
 
 static void show_help(struct admin_ctx *a)
 {
-	char msg[512] = "SHOW HELP|CONFIG|DATABASES|POOLS|CLIENTS|SERVERS|USERS|VERSION|STATS|LISTS|STATE; "
-			"SET key = arg; RELOAD; PAUSE [db]; RESUME [db]; RECONNECT [db]; KILL db; SHUTDOWN";
+	char msg[2048] = "SHOW HELP|CONFIG|DATABASES|POOLS|CLIENTS|SERVERS|USERS|VERSION|STATS|LISTS|STATE|PLUGINS; "
+			 "SET key = arg; RELOAD; PAUSE [db]; RESUME [db]; RECONNECT [db]; KILL db; SHUTDOWN";
+	plugin_console_help(msg, sizeof(msg));
 	pkt_notice(a->pb, "00000", msg);
 	finish(a, "SHOW");
 }
@@ -427,19 +457,27 @@ static struct lk_db *arg_db(struct admin_ctx *a, int i, bool *bad)
 	return db;
 }
 
+static const struct show_view *find_view(const char *name)
+{
+	for (const struct show_view *v = show_views; v->name; v++)
+		if (strcasecmp(v->name, name) == 0)
+			return v;
+	return NULL;
+}
+
 static void cmd_show(struct admin_ctx *a)
 {
+	const struct show_view *v;
+
 	if (a->nargs < 2) {
 		fail(a, "42601", "SHOW needs an argument; try SHOW HELP");
 		return;
 	}
-	for (const struct show_view *v = show_views; v->name; v++) {
-		if (strcasecmp(v->name, a->args[1]) == 0) {
-			v->fn(a);
-			return;
-		}
-	}
-	fail(a, "42601", "unknown SHOW view; try SHOW HELP");
+	v = find_view(a->args[1]);
+	if (v)
+		v->fn(a);
+	else
+		fail(a, "42601", "unknown SHOW view; try SHOW HELP");
 }
 
 static void cmd_pause(struct admin_ctx *a)
@@ -552,6 +590,13 @@ static void cmd_set(struct admin_ctx *a)
 		fail(a, "42601", "syntax: SET key = value");
 		return;
 	}
+	if (strncasecmp(a->args[1], "plugin.", 7) == 0) {
+		if (!plugin_set(a->args[1], a->args[3], err, sizeof(err)))
+			fail(a, "22023", err);
+		else
+			finish(a, "SET");
+		return;
+	}
 	if (!config_set(rt->cf, a->args[1], a->args[3], err, sizeof(err))) {
 		fail(a, "22023", err);
 		return;
@@ -575,6 +620,14 @@ static const struct admin_cmd {
 	{ "set", true, cmd_set },
 	{ NULL, false, NULL },
 };
+
+static bool is_command_word(const char *word)
+{
+	for (const struct admin_cmd *cmd = commands; cmd->name; cmd++)
+		if (strcasecmp(cmd->name, word) == 0)
+			return true;
+	return false;
+}
 
 /*
  * Split into words: identifiers, '=' and quoted strings ('..' with '' and
@@ -644,6 +697,8 @@ void admin_handle(struct client *c, const char *query)
 	memcpy(sql, query, qlen);
 
 	c->request_time = now_mono();
+	if (rt->n_plugins > 0 && plugin_console(c, query))
+		goto out;
 	if (!tokenize(&a, sql)) {
 		fail(&a, "42601", "syntax error in console command");
 		goto out;

@@ -116,6 +116,8 @@ void client_close(struct client *c, const char *sqlstate, const char *fmt, ...)
 		va_end(ap);
 	}
 	c->closing = true;
+	if (c->hooked)
+		plugin_client_close(c);
 	if (fmt && (rt->cf->log_disconnections || sqlstate))
 		log_info("%s closing because: %s", client_ident(c, ident, sizeof(ident)), msg);
 	else if (rt->cf->log_disconnections && c->state != CL_LOGIN)
@@ -164,6 +166,9 @@ void client_free_now(struct client *c)
 {
 	if (c->state == CL_JUSTFREE)
 		return;
+	if (c->hooked)
+		plugin_client_close(c);
+	plugin_client_free(c);
 	if (c->bev) {
 		conn_free(&c->io, c->bev);
 		c->bev = NULL;
@@ -331,6 +336,13 @@ static bool parse_startup(struct client *c, uint8_t *buf, uint32_t len, uint32_t
 	}
 	if (options && !options_param(c, options))
 		return false;
+	if (rt->n_plugins > 0) {
+		c->startup = malloc(len);
+		if (c->startup) {
+			memcpy(c->startup, buf, len);
+			c->startup_len = len;
+		}
+	}
 	if (minor > 0 || n_unknown > 0)
 		send_negotiate(c, minor, n_unknown, unknown);
 	if (!c->user || !*c->user) {
@@ -369,6 +381,9 @@ done:
 }
 
 static void client_auth_start(struct client *c);
+static void client_startup_decided(struct client *c);
+static void client_auth_lookup_decided(struct client *c);
+static void client_auth_method(struct client *c);
 
 /* Returns true when a whole startup message was consumed. */
 static bool read_startup(struct client *c, struct evbuffer *in)
@@ -423,8 +438,32 @@ static bool read_startup(struct client *c, struct evbuffer *in)
 	if (!parse_startup(c, body, len - 8, code & 0xffff))
 		return false;
 	evbuffer_drain(in, len - 8);
-	client_auth_start(c);
+	if (hook_on(LK_HOOK_CLIENT_STARTUP)) {
+		if (plugin_client_startup(c) == LK_ASYNC)
+			return false;	/* c->lev: resumed by the plugin */
+		client_startup_decided(c);
+	} else {
+		client_auth_start(c);
+	}
 	return !c->closing;
+}
+
+/* CLIENT_STARTUP finished (c->lev decided): refuse the client or authenticate it. */
+static void client_startup_decided(struct client *c)
+{
+	struct lk_event *ev = c->lev;
+	int rc = LK_CONTINUE;
+
+	plugin_event_decided(ev, &rc);
+	if (rc == LK_ERROR) {
+		const char *state, *msg;
+		plugin_event_error(ev, &state, &msg);
+		client_close(c, state, "%s", msg);
+	}
+	c->lev = NULL;
+	plugin_event_free(ev);
+	if (!c->closing)
+		client_auth_start(c);
 }
 
 static void auth_request(struct client *c, int32_t code, const void *data, size_t len)
@@ -442,20 +481,60 @@ static void client_login_done(struct client *c);
 
 static void client_auth_start(struct client *c)
 {
-	int type = rt->cf->auth_type;
-	const char *secret;
-
 	c->db = db_lookup(c->dbname, true);
 	if (!c->db && !admin_is_dbname(c->dbname)) {
 		client_close(c, "3D000", "no such database: %s", c->dbname);
+		return;
+	}
+	if (hook_on(LK_HOOK_AUTH_LOOKUP) && !admin_is_dbname(c->dbname)) {
+		if (plugin_auth_lookup(c) == LK_ASYNC)
+			return;		/* c->lev: resumed by the plugin */
+		client_auth_lookup_decided(c);
 		return;
 	}
 	{
 		const struct auth_entry *ae = config_find_auth(rt->cf, c->user);
 		c->secret = ae ? xstrdup(ae->secret) : NULL;
 	}
+	client_auth_method(c);
+}
+
+/* AUTH_LOOKUP finished: its secret (LK_HANDLED), auth_file (LK_CONTINUE) or an error. */
+static void client_auth_lookup_decided(struct client *c)
+{
+	struct lk_event *ev = c->lev;
+	char *secret = plugin_event_take_secret(ev);
+	int rc = LK_CONTINUE;
+
+	plugin_event_decided(ev, &rc);
+	if (rc == LK_ERROR) {
+		const char *state, *msg;
+		plugin_event_error(ev, &state, &msg);
+		client_close(c, state, "%s", msg);
+	} else if (rc == LK_HANDLED) {
+		c->secret = secret;
+		secret = NULL;
+		if (!c->secret)
+			c->secret_missing = true;
+	} else {
+		const struct auth_entry *ae = config_find_auth(rt->cf, c->user);
+		c->secret = ae ? xstrdup(ae->secret) : NULL;
+	}
+	free(secret);
+	c->lev = NULL;
+	plugin_event_free(ev);
+	if (!c->closing)
+		client_auth_method(c);
+}
+
+/* Ask for the password the way auth_type and the user's secret want. */
+static void client_auth_method(struct client *c)
+{
+	int type = rt->cf->auth_type;
+	const char *secret;
+
 	if (type == AUTH_ANY || type == AUTH_TRUST) {
-		if (type == AUTH_TRUST && rt->cf->n_auth > 0 && !c->secret) {
+		if (type == AUTH_TRUST && (rt->cf->n_auth > 0 || c->secret_missing) && !c->secret) {
 			client_close(c, "28000", "no such user: %s", c->user);
 			return;
 		}
@@ -700,10 +779,19 @@ static const char valid_frontend[] = "QPBEDCHSXdcfF";
 /* Move up to `n` bytes of the current message to the server. */
 static void forward_bytes(struct client *c, struct evbuffer *in, uint32_t n)
 {
-	struct server *s = c->link;
-	struct evbuffer *out = bufferevent_get_output(s->bev);
+	struct server *s;
+	struct evbuffer *out;
 	size_t avail = evbuffer_get_length(in);
 	uint32_t take = avail < n ? (uint32_t)avail : n;
+
+	if (c->fwd_drop) {	/* the rest of a message the pooler refused */
+		evbuffer_drain(in, take);
+		c->fwd_remaining = n - take;
+		c->fwd_drop = c->fwd_remaining != 0;
+		return;
+	}
+	s = c->link;
+	out = bufferevent_get_output(s->bev);
 
 	evbuffer_remove_buffer(in, out, take);
 	c->fwd_remaining = n - take;
@@ -745,6 +833,186 @@ static void note_sent_to_server(struct client *c, char type)
 	}
 }
 
+/* ================= plugins: QUERY and ROUTE ================= */
+
+static char client_txn_status(const struct client *c)
+{
+	return c->link ? c->link->txn_status : 'I';
+}
+
+/* Drop the message at the head of the input (also the part not read yet). */
+static void drop_message(struct client *c, struct evbuffer *in, uint32_t len)
+{
+	c->fwd_drop = true;
+	forward_bytes(c, in, len + 1);
+	c->io.rd_high = CLIENT_READ_HIGH;
+}
+
+/*
+ * Refuse the message at the head of the input with an ErrorResponse. After
+ * a Query (or a Sync, FunctionCall) the client gets ReadyForQuery; after an
+ * extended-protocol message everything up to the next Sync is dropped and
+ * the Sync is answered, as PostgreSQL does after an error.
+ */
+static void fail_message(struct client *c, struct evbuffer *in, char type, uint32_t len, const char *sqlstate,
+			 const char *msg)
+{
+	struct pktbuf *pb = &rt->pb;
+
+	drop_message(c, in, len);
+	pkt_error(pb, "ERROR", sqlstate, msg, NULL);
+	if (type == 'Q' || type == 'S' || type == 'F')
+		pkt_ready(pb, client_txn_status(c));
+	else
+		c->skip_to_sync = true;
+	pkt_send(pb, bufferevent_get_output(c->bev));
+}
+
+/* After a refused extended-protocol message: drop up to and answer the Sync. */
+static bool skip_message(struct client *c, struct evbuffer *in, char type, uint32_t len)
+{
+	drop_message(c, in, len);
+	if (type == 'S') {
+		c->skip_to_sync = false;
+		pkt_ready(&rt->pb, client_txn_status(c));
+		pkt_send(&rt->pb, bufferevent_get_output(c->bev));
+	}
+	return !c->fwd_remaining;
+}
+
+/* Wait for the whole message: let the input grow to hold it. */
+static bool want_whole(struct client *c, struct evbuffer *in, uint32_t len)
+{
+	if (evbuffer_get_length(in) >= (size_t)len + 1)
+		return true;
+	if (c->io.rd_high < (size_t)len + 1)
+		c->io.rd_high = (size_t)len + 1;
+	return false;
+}
+
+/*
+ * Link a server for the message at the head of the input, after the ROUTE
+ * hook picked the pool. 1: linked; 0: wait (queued, or a plugin holds the
+ * client); -1: the message was refused and consumed.
+ */
+static int client_acquire(struct client *c, struct evbuffer *in, char type, uint32_t len)
+{
+	if (!c->route_done && hook_on(LK_HOOK_ROUTE)) {
+		const char *route;
+		int rc;
+		if (!c->rev && plugin_route(c) == LK_ASYNC)
+			return 0;
+		if (!plugin_event_decided(c->rev, &rc))
+			return 0;
+		if (rc == LK_ERROR) {
+			const char *state, *msg;
+			plugin_event_error(c->rev, &state, &msg);
+			fail_message(c, in, type, len, state, msg);
+			plugin_event_free(c->rev);
+			c->rev = NULL;
+			return -1;
+		}
+		route = plugin_event_route(c->rev);
+		if (route && !pool_move_client(c, db_lookup(route, true))) {
+			fail_message(c, in, type, len, "3D000", "the route's database is not available");
+			plugin_event_free(c->rev);
+			c->rev = NULL;
+			return -1;
+		}
+		plugin_event_free(c->rev);
+		c->rev = NULL;
+		c->route_done = true;
+	}
+	return pool_acquire(c) ? 1 : 0;
+}
+
+/* Query, Parse or Bind of a client a plugin watches: the QUERY hook decides. */
+static bool watched_message(struct client *c, struct evbuffer *in, char type, uint32_t len)
+{
+	struct lk_event *ev;
+	const char *route;
+	char **prefix;
+	int rc, n_prefix;
+
+	if (!c->qev) {
+		if (!want_whole(c, in, len))
+			return false;
+		rc = plugin_query(c, evbuffer_pullup(in, (ssize_t)len + 1), len);
+		if (rc == -2 || rc == LK_ASYNC)
+			return false;
+	}
+	ev = c->qev;
+	if (!plugin_event_decided(ev, &rc))
+		return false;		/* a plugin holds it */
+	if (rc == LK_ERROR || rc == LK_HANDLED) {
+		if (rc == LK_ERROR) {
+			const char *state, *msg;
+			plugin_event_error(ev, &state, &msg);
+			fail_message(c, in, type, len, state, msg);
+		} else {
+			drop_message(c, in, len);
+			plugin_query_answer(c, ev, client_txn_status(c));
+		}
+		c->qev = NULL;
+		plugin_event_free(ev);
+		return !c->closing;
+	}
+	route = plugin_event_route(ev);
+	if (route && !c->link && !pool_move_client(c, db_lookup(route, true))) {
+		c->qev = NULL;
+		fail_message(c, in, type, len, "3D000", "the route's database is not available");
+		plugin_event_free(ev);
+		return !c->closing;
+	}
+	if (route && !c->link)
+		c->route_done = true;	/* the statement chose its pool: no ROUTE hook for it */
+	if (!c->link) {
+		int r = client_acquire(c, in, type, len);
+		if (r <= 0) {
+			if (r < 0) {
+				c->qev = NULL;
+				plugin_event_free(ev);
+			}
+			return r < 0 && !c->closing;
+		}
+	}
+	prefix = plugin_query_prefixes(ev, &n_prefix);
+	for (int i = 0; i < n_prefix; i++)
+		server_send_hidden(c->link, prefix[i]);
+	c->request_time = rt->now;
+	note_sent_to_server(c, type);
+	if (plugin_query_build(c, ev, &rt->pb)) {
+		struct evbuffer *out = bufferevent_get_output(c->link->bev);
+		drop_message(c, in, len);
+		c->link->pool->stats.bytes_received += rt->pb.len;
+		pkt_send(&rt->pb, out);
+		if (evbuffer_get_length(out) > WRITE_HIGH_WATER) {
+			c->throttled = true;
+			conn_want_read(&c->io, false);
+		}
+	} else {
+		forward_bytes(c, in, len + 1);
+		c->io.rd_high = CLIENT_READ_HIGH;
+	}
+	c->qev = NULL;
+	plugin_event_free(ev);
+	return !c->throttled && !c->fwd_remaining;
+}
+
+/* A plugin resumed a hook that had answered LK_ASYNC. */
+void client_hook_resumed(struct client *c, struct lk_event *ev)
+{
+	if (c->closing)
+		return;
+	if (ev == c->lev) {
+		if (plugin_event_hook(ev) == LK_HOOK_CLIENT_STARTUP)
+			client_startup_decided(c);
+		else
+			client_auth_lookup_decided(c);
+	}
+	client_resume(c);
+}
+
 /* One message of a logged-in client. Returns false to stop the loop. */
 static bool client_message(struct client *c, struct evbuffer *in)
 {
@@ -772,8 +1040,8 @@ static bool client_message(struct client *c, struct evbuffer *in)
 	}
 	if (c->state == CL_ADMIN) {
 		char *sql;
-		if (c->pause_wait)
-			return false;	/* the next command waits for PAUSE's answer */
+		if (c->pause_wait || c->console_res)
+			return false;	/* the next command waits for PAUSE's (or a plugin command's) answer */
 		if (hdr[0] != 'Q') {
 			client_close(c, "08P01", "the console supports only the simple query protocol");
 			return false;
@@ -795,8 +1063,17 @@ static bool client_message(struct client *c, struct evbuffer *in)
 			evbuffer_drain(in, len - 4);
 		return !c->closing;
 	}
-	if (!c->link && !pool_acquire(c))
-		return false;
+	if (c->skip_to_sync || c->watch) {
+		if (c->skip_to_sync)
+			return skip_message(c, in, (char)hdr[0], len);
+		if ((hdr[0] == 'Q' || hdr[0] == 'P' || hdr[0] == 'B') && hook_on(LK_HOOK_QUERY))
+			return watched_message(c, in, (char)hdr[0], len);
+	}
+	if (!c->link) {
+		int r = client_acquire(c, in, (char)hdr[0], len);
+		if (r <= 0)
+			return r < 0 && !c->closing;
+	}
 	c->request_time = rt->now;
 	note_sent_to_server(c, (char)hdr[0]);
 	forward_bytes(c, in, len + 1);
@@ -813,6 +1090,8 @@ void client_process(struct client *c)
 	log_noise("client %llu process state %d, %zu bytes", (unsigned long long)c->id, c->state, evbuffer_get_length(in));
 	while (!c->closing) {
 		if (c->state == CL_LOGIN) {
+			if (c->lev)
+				break;	/* a plugin's CLIENT_STARTUP / AUTH_LOOKUP is running */
 			/* after login, what came in the same read is handled below */
 			if (!(c->auth_step ? read_auth_message(c, in) : read_startup(c, in)))
 				break;

@@ -309,6 +309,8 @@ static const struct conn_key db_keys[] = {
 	{ "datestyle", KEY_STR, DB(datestyle), "", "DateStyle sent to the server at connect." },
 	{ "timezone", KEY_STR, DB(timezone), "", "TimeZone sent to the server at connect." },
 	{ "application_name", KEY_STR, DB(application_name), "", "application_name sent to the server at connect." },
+	{ "transport", KEY_STR, DB(transport), "tcp/unix",
+	  "Name of a plugin transport that opens this entry's server connections (see doc/plugins.md)." },
 	{ NULL, KEY_STR, 0, NULL, NULL }
 };
 

@@ -64,6 +64,7 @@ struct db_conf {
 	char *datestyle;
 	char *timezone;
 	char *application_name;
+	char *transport;	/* plugin transport name, or NULL for TCP/unix */
 	int line;		/* line in the ini file */
 };
 

@@ -32,6 +32,7 @@
 #include <event2/listener.h>
 
 #include "config.h"
+#include "lokadb/plugin.h"
 
 #ifndef TAILQ_FOREACH_SAFE
 #define TAILQ_FOREACH_SAFE(var, head, field, tvar) \
@@ -114,6 +115,39 @@ struct lk_db;
 struct pool;
 struct server;
 struct cancel_req;
+struct stmt_text;
+
+/* ---- plugins (plugin.c) ---- */
+struct plugin_setting {
+	char *key, *def, *doc;
+	char *value;			/* in use (NULL = default) */
+	char *pending;			/* checked, not yet applied */
+	int line;			/* ini line of the pending value (0 = defaulted) */
+};
+
+struct lk_plugin {
+	char *name, *path;
+	void *dl;
+	const struct lk_plugin_desc *desc;
+	int index;			/* context slot */
+	void *data;
+	char *init_err;
+	bool in_init;
+	unsigned hooks;			/* bit per enum lk_hook */
+	struct plugin_setting *settings;
+	int n_settings;
+};
+
+struct hook_entry {
+	struct lk_plugin *pl;
+	lk_hook_fn fn;
+	int prio;
+};
+
+struct hook_chain {
+	struct hook_entry *v;
+	int n;
+};
 
 struct client {
 	TAILQ_ENTRY(client) entry;
@@ -134,6 +168,7 @@ struct client {
 	usec_t request_time;		/* monotonic, last message */
 	usec_t wait_start;		/* monotonic, when it began waiting */
 	uint32_t fwd_remaining;		/* bytes of the current message still to forward */
+	bool fwd_drop;			/* ... or to drop (a refused message) */
 	bool admin_full;		/* console: admin (not only stats) */
 	bool pause_wait;		/* console: PAUSE not answered yet */
 	struct lk_db *pause_db;		/* ... for this database (NULL: all) */
@@ -146,7 +181,21 @@ struct client {
 	char *secret;			/* copy of its auth_file secret (reloads free the config) */
 	uint8_t scram_keys[64];		/* ClientKey + ServerKey from its SCRAM login */
 	bool has_scram_keys;
+	bool secret_missing;		/* a plugin's AUTH_LOOKUP said: no such user */
 	char *peer_ident;
+	/* plugins */
+	void **pctx;			/* per-plugin context slots (NULL until used) */
+	bool watch;			/* QUERY hook wanted for Q/P/B */
+	bool hooked;			/* ran CLIENT_STARTUP: owes a CLIENT_CLOSE */
+	bool skip_to_sync;		/* a P/B failed: drop messages up to Sync */
+	bool route_done;		/* ROUTE decided for the next server acquisition */
+	struct lk_event *qev;		/* QUERY event of the message at the head of the input */
+	struct lk_event *rev;		/* ROUTE event */
+	struct lk_event *lev;		/* CLIENT_STARTUP / AUTH_LOOKUP event while ASYNC */
+	struct lk_result *console_res;	/* console command answered later (LK_ASYNC) */
+	char *startup;			/* startup packet parameters (name\0value\0...) */
+	uint32_t startup_len;
+	struct stmt_text *stmts;	/* watched clients: statement name -> text */
 };
 
 struct server {
@@ -180,6 +229,8 @@ struct server {
 	uint32_t fwd_remaining;
 	bool fwd_hidden;		/* the message being forwarded is dropped */
 	bool throttled;
+	void **pctx;			/* per-plugin context slots */
+	struct lk_connect *conn_req;	/* plugin transport connect in progress */
 };
 
 TAILQ_HEAD(client_list, client);
@@ -264,6 +315,9 @@ struct lk_runtime {
 	char readbuf[16384];		/* socket reads land here before their evbuffer */
 	struct conn_spare spares[CONN_SPARES_MAX];	/* closed clients' bufferevents for reuse */
 	int n_spares;
+	struct lk_plugin **plugins;	/* in `plugins =` order */
+	int n_plugins;
+	struct hook_chain hooks[LK_HOOK_COUNT];
 	uint8_t rand_pool[256];		/* random_bytes(): unread CSPRNG output */
 	size_t rand_pos;		/* bytes of rand_pool already handed out */
 };
@@ -312,6 +366,9 @@ void client_free_now(struct client *c);
 
 /* server.c */
 struct server *server_launch(struct pool *p);
+void server_transport_ready(struct server *s, int fd);
+void server_transport_failed(struct server *s, const char *msg);
+void server_cancel_fd(const uint8_t *pkt16, int fd);
 void server_close(struct server *s, const char *reason, ...) __attribute__((format(printf, 2, 3)));
 void server_process(struct server *s);
 void server_send_hidden(struct server *s, const char *sql);
@@ -332,6 +389,7 @@ void pool_release(struct server *s);		/* server done with its client */
 void pool_server_ready(struct server *s);	/* login or reset finished: give it work */
 void pool_server_login_failed(struct pool *p, const char *sqlstate, const char *msg);
 void pool_client_gone(struct client *c);
+bool pool_move_client(struct client *c, struct lk_db *db);	/* another pool, same user */
 void pool_set_client_state(struct client *c, enum client_state st);
 void pool_set_server_state(struct server *s, enum server_state st);
 void pool_janitor(void);
@@ -348,6 +406,7 @@ void pool_free_all(void);
 void admin_handle(struct client *c, const char *sql);
 void admin_janitor(void);
 bool admin_is_dbname(const char *name);
+bool admin_is_core_command(const char *name);
 
 /* runtime.c */
 void runtime_init(void);
@@ -358,6 +417,47 @@ void runtime_teardown(void);
 bool lokadb_reload(char *err, size_t errlen);
 void lokadb_shutdown(enum shutdown_mode mode);
 void lokadb_check_shutdown(void);
+
+/* plugin.c */
+bool plugins_load(const struct lk_config *cf, char *err, size_t errlen);
+bool plugins_check(struct lk_config *cf, bool reloading, char *err, size_t errlen);
+void plugins_apply(bool reloading);
+void plugins_fini(void);
+bool plugin_set(const char *name, const char *value, char *err, size_t errlen);	/* SET plugin.N.K */
+void plugin_show_config(struct pktbuf *pb);
+void plugin_show_plugins(struct pktbuf *pb);
+bool plugin_console(struct client *c, const char *query);	/* true: a plugin command ran */
+void plugin_console_help(char *buf, size_t len);
+bool plugin_console_name_taken(const char *name);
+/* hooks run from the core; see plugin.c for each one's contract */
+int plugin_client_startup(struct client *c);
+int plugin_auth_lookup(struct client *c);
+char *plugin_event_take_secret(struct lk_event *ev);
+int plugin_query(struct client *c, const uint8_t *msg, uint32_t len);
+int plugin_route(struct client *c);
+void plugin_txn_end(struct client *c, struct server *s);
+void plugin_client_close(struct client *c);
+void plugin_server_close(struct server *s);
+void plugin_client_free(struct client *c);
+void plugin_server_free(struct server *s);
+bool plugin_transport_connect(struct server *s);
+bool plugin_transport_cancel(struct server *s, const uint8_t *pkt16);
+bool plugin_transport_exists(const char *name);
+/* the QUERY/ROUTE decision of the message at the head of a client's input */
+bool plugin_event_decided(const struct lk_event *ev, int *rc);
+void plugin_event_free(struct lk_event *ev);
+const char *plugin_event_route(const struct lk_event *ev);
+void plugin_event_error(const struct lk_event *ev, const char **sqlstate, const char **msg);
+bool plugin_query_build(struct client *c, struct lk_event *ev, struct pktbuf *pb);
+char **plugin_query_prefixes(struct lk_event *ev, int *n);
+enum lk_hook plugin_event_hook(const struct lk_event *ev);
+void plugin_query_answer(struct client *c, struct lk_event *ev, char status);
+void plugin_note_parse(struct client *c, const char *name, const char *sql);
+void client_hook_resumed(struct client *c, struct lk_event *ev);
+static inline bool hook_on(enum lk_hook h)
+{
+	return rt->hooks[h].n != 0;
+}
 
 /* dns.c */
 typedef void (*dns_cb)(void *arg, const struct sockaddr *sa, socklen_t len, const char *error);

@@ -125,6 +125,11 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	runtime_init();
+	if (!plugins_load(rt->cf, err, sizeof(err)) || !plugins_check(rt->cf, false, err, sizeof(err))) {
+		fprintf(stderr, "lokadb: %s\n", err);
+		log_error("%s", err);
+		return 1;
+	}
 	if (rt->daemon && !rt->cf->pidfile) {
 		fprintf(stderr, "lokadb: -d needs pidfile to be set\n");
 		return 1;
@@ -144,6 +149,7 @@ int main(int argc, char **argv)
 		log_fatal("could not set up the event loop");
 		return 1;
 	}
+	plugins_apply(false);
 	pool_apply_config(NULL);
 	log_info("lokadb %s started", LOKADB_VERSION);
 	event_base_dispatch(rt->base);

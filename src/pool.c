@@ -33,6 +33,7 @@ static void db_conf_copy(struct db_conf *dst, const struct db_conf *src)
 	dst->datestyle = xstrdup(src->datestyle);
 	dst->timezone = xstrdup(src->timezone);
 	dst->application_name = xstrdup(src->application_name);
+	dst->transport = xstrdup(src->transport);
 }
 
 static void db_conf_release(struct db_conf *dc)
@@ -48,6 +49,7 @@ static void db_conf_release(struct db_conf *dc)
 	free(dc->datestyle);
 	free(dc->timezone);
 	free(dc->application_name);
+	free(dc->transport);
 	memset(dc, 0, sizeof(*dc));
 }
 
@@ -59,7 +61,7 @@ static bool str_eq(const char *a, const char *b)
 static bool db_conf_same_target(const struct db_conf *a, const struct db_conf *b)
 {
 	return str_eq(a->host, b->host) && a->port == b->port && str_eq(a->dbname, b->dbname) &&
-	       str_eq(a->user, b->user) && str_eq(a->password, b->password);
+	       str_eq(a->user, b->user) && str_eq(a->password, b->password) && str_eq(a->transport, b->transport);
 }
 
 static struct lk_db *db_create(const char *name, const struct db_conf *conf, bool autodb)
@@ -373,6 +375,26 @@ static struct server *idle_server(struct pool *p)
 	return NULL;
 }
 
+/* Put a logged-in client without a server on the pool of `db` (same user). */
+bool pool_move_client(struct client *c, struct lk_db *db)
+{
+	struct pool *np;
+
+	if (!db || db->removed || c->link)
+		return false;
+	np = pool_get(db, c->user, c->secret);
+	if (!np)
+		return false;
+	if (np == c->pool)
+		return true;
+	pool_set_client_state(c, CL_LOGIN);	/* off the old pool's lists */
+	c->pool = np;
+	c->db = db;
+	pool_take_scram_keys(np, c);
+	pool_set_client_state(c, CL_ACTIVE);
+	return true;
+}
+
 bool pool_acquire(struct client *c)
 {
 	struct pool *p = c->pool;
@@ -414,8 +436,10 @@ void pool_release(struct server *s)
 	struct client *c = s->link;
 	struct pool *p = s->pool;
 
-	if (c)
+	if (c) {
 		c->link = NULL;
+		c->route_done = false;	/* the next transaction is routed anew */
+	}
 	s->link = NULL;
 	if (server_expired(s))
 		server_close(s, s->close_needed ? "close_needed" : "server lifetime over");

@@ -222,9 +222,21 @@ bool lokadb_reload(char *err, size_t errlen)
 		if (s->type == CF_STR)
 			*(char **)((char *)rt->cf + s->offset) = NULL;	/* moved to nc */
 	}
+	if (!plugins_check(nc, true, err, errlen)) {
+		log_error("RELOAD failed, keeping the old configuration: %s", err);
+		/* give the non-reloadable strings back */
+		for (const struct cf_setting *s = config_settings; s->name; s++)
+			if (!s->reloadable && s->type == CF_STR) {
+				*(char **)((char *)rt->cf + s->offset) = *(char **)((char *)nc + s->offset);
+				*(char **)((char *)nc + s->offset) = NULL;
+			}
+		config_free(nc);
+		return false;
+	}
 	old = rt->cf;
 	rt->cf = nc;
 	runtime_apply_log_settings();
+	plugins_apply(true);
 	pool_apply_config(old);
 	config_free(old);
 	arm_stats_timer();
@@ -424,6 +436,7 @@ void runtime_teardown(void)
 	server_cancel_free_all();
 	conn_spares_free();
 	close_listeners();
+	plugins_fini();
 	event_free(rt->janitor);
 	event_free(rt->stats_timer);
 	event_free(rt->justfree_ev);

@@ -123,7 +123,9 @@ struct server *server_launch(struct pool *p)
 	p->n_login_sv++;
 	p->db->server_count++;
 	log_debug("%s new connection to server", server_ident(s, ident, sizeof(ident)));
-	if (!dc->host || dc->host[0] == '/') {
+	if (dc->transport) {
+		plugin_transport_connect(s);	/* server_transport_ready() / _failed() */
+	} else if (!dc->host || dc->host[0] == '/') {
 		struct sockaddr_un un;
 		memset(&un, 0, sizeof(un));
 		un.sun_family = AF_UNIX;
@@ -147,6 +149,7 @@ void server_close(struct server *s, const char *reason, ...)
 	if (s->closing)
 		return;
 	s->closing = true;
+	plugin_server_close(s);
 	va_start(ap, reason);
 	vsnprintf(msg, sizeof(msg), reason, ap);
 	va_end(ap);
@@ -165,6 +168,7 @@ void server_close(struct server *s, const char *reason, ...)
 
 void server_free_now(struct server *s)
 {
+	plugin_server_free(s);
 	if (s->bev) {
 		conn_free(&s->io, s->bev);
 		s->bev = NULL;
@@ -173,19 +177,50 @@ void server_free_now(struct server *s)
 	event_active(rt->justfree_ev, EV_TIMEOUT, 0);
 }
 
+/* The socket is connected: start the login. */
+static void server_connected(struct server *s)
+{
+	s->connected = true;
+	conn_write_through(&s->io, s->bev);
+	if (!conn_io_start(&s->io, 0)) {
+		server_close(s, "out of memory");
+		return;
+	}
+	conn_want_read(&s->io, true);
+	server_start_login(s);
+}
+
+/* A plugin transport handed over a connected stream socket. */
+void server_transport_ready(struct server *s, int fd)
+{
+	evutil_make_socket_nonblocking(fd);
+	evutil_make_socket_closeonexec(fd);
+	s->bev = bufferevent_socket_new(rt->base, fd, BEV_OPT_CLOSE_ON_FREE);
+	if (!s->bev) {
+		evutil_closesocket(fd);
+		server_close(s, "out of memory");
+		return;
+	}
+	bufferevent_setcb(s->bev, server_read_cb, server_write_cb, server_event_cb, s);
+	bufferevent_setwatermark(s->bev, EV_WRITE, WRITE_LOW_WATER, 0);
+	server_connected(s);
+}
+
+void server_transport_failed(struct server *s, const char *msg)
+{
+	char buf[512];
+	snprintf(buf, sizeof(buf), "could not connect to server through transport \"%s\": %s",
+		 s->pool->db->conf.transport, msg);
+	pool_server_login_failed(s->pool, "08001", buf);
+	server_close(s, "%s", buf);
+}
+
 static void server_event_cb(struct bufferevent *bev, short what, void *arg)
 {
 	struct server *s = arg;
 	(void)bev;
 	if (what & BEV_EVENT_CONNECTED) {
-		s->connected = true;
-		conn_write_through(&s->io, s->bev);
-		if (!conn_io_start(&s->io, 0)) {
-			server_close(s, "out of memory");
-			return;
-		}
-		conn_want_read(&s->io, true);
-		server_start_login(s);
+		server_connected(s);
 		return;
 	}
 	if (s->state == SV_LOGIN) {
@@ -456,6 +491,11 @@ static void server_became_ready(struct server *s)
 	}
 	if (!c)
 		return;
+	if (hook_on(LK_HOOK_TXN_END)) {
+		plugin_txn_end(c, s);
+		if (s->link != c || s->closing)
+			return;
+	}
 	if (pool_mode_of(s->pool) != POOL_SESSION)
 		pool_release(s);
 }
@@ -631,29 +671,51 @@ static void cancel_write_cb(struct bufferevent *bev, void *arg)
 	(void)arg;	/* sent; PostgreSQL closes the connection, seen in cancel_event_cb */
 }
 
+static struct cancel_req *cancel_new(int fd, const uint8_t *pkt)
+{
+	struct cancel_req *cr = xcalloc(1, sizeof(*cr));
+	cr->bev = bufferevent_socket_new(rt->base, fd, BEV_OPT_CLOSE_ON_FREE);
+	if (!cr->bev) {
+		if (fd >= 0)
+			evutil_closesocket(fd);
+		free(cr);
+		return NULL;
+	}
+	LIST_INSERT_HEAD(&rt->cancel_reqs, cr, entry);
+	bufferevent_setcb(cr->bev, NULL, cancel_write_cb, cancel_event_cb, cr);
+	bufferevent_write(cr->bev, pkt, 16);
+	bufferevent_enable(cr->bev, EV_READ);
+	return cr;
+}
+
+/* A plugin transport opened a connection for a CancelRequest. */
+void server_cancel_fd(const uint8_t *pkt16, int fd)
+{
+	evutil_make_socket_nonblocking(fd);
+	evutil_make_socket_closeonexec(fd);
+	cancel_new(fd, pkt16);
+}
+
 void server_cancel(struct server *s)
 {
 	struct cancel_req *cr;
 	uint8_t pkt[16];
 
-	if (!s->addrlen || !s->backend_pid)
+	if (!s->backend_pid || (!s->addrlen && !s->pool->db->conf.transport))
 		return;
-	cr = xcalloc(1, sizeof(*cr));
-	cr->bev = bufferevent_socket_new(rt->base, -1, BEV_OPT_CLOSE_ON_FREE);
-	if (!cr->bev) {
-		free(cr);
-		return;
-	}
 	pkt[0] = 0; pkt[1] = 0; pkt[2] = 0; pkt[3] = 16;
 	pkt[4] = (PROTO_CANCEL_CODE >> 24) & 0xff;
 	pkt[5] = (PROTO_CANCEL_CODE >> 16) & 0xff;
 	pkt[6] = (PROTO_CANCEL_CODE >> 8) & 0xff;
 	pkt[7] = PROTO_CANCEL_CODE & 0xff;
 	memcpy(pkt + 8, s->cancel_key, 8);
-	LIST_INSERT_HEAD(&rt->cancel_reqs, cr, entry);
-	bufferevent_setcb(cr->bev, NULL, cancel_write_cb, cancel_event_cb, cr);
-	bufferevent_write(cr->bev, pkt, sizeof(pkt));
-	bufferevent_enable(cr->bev, EV_READ);
+	if (s->pool->db->conf.transport) {
+		plugin_transport_cancel(s, pkt);
+		return;
+	}
+	cr = cancel_new(-1, pkt);
+	if (!cr)
+		return;
 	if (bufferevent_socket_connect(cr->bev, (struct sockaddr *)&s->addr, (int)s->addrlen) < 0)
 		cancel_free(cr);
 }

@@ -1,0 +1,324 @@
+/* SPDX-License-Identifier: ISC */
+/*
+ * lokadb/plugin.h -- the only header a LokaDB plugin includes.
+ *
+ * A plugin is a shared object (plugins/NAME/NAME.so) that exports one
+ * function, lokadb_plugin(), returning a const descriptor: magic, ABI
+ * major/minor, the descriptor's size, name, version, init and fini. Write it
+ * with LK_PLUGIN(). The core loads the plugins named by `plugins =` in that
+ * order at start with dlopen(RTLD_NOW | RTLD_LOCAL) and never unloads them.
+ *
+ * init(self, api) receives the core's function table. The table is
+ * versioned and append-only: a field is never moved or removed, new fields
+ * are added at the end and api->abi_minor grows. A plugin built against a
+ * newer minor than the running core is refused; one built against an older
+ * minor works, and may test LK_API_HAS(api, field) before using a field
+ * that came later.
+ *
+ * A plugin never links against core symbols and never sees core structs:
+ * clients, servers, hook calls and replies are opaque handles read and
+ * changed through the table's functions.
+ *
+ * Everything runs on the core's single event loop. A hook must not block;
+ * work that waits (a query to PostgreSQL, a connect) returns LK_ASYNC and
+ * finishes from a callback of the same loop (timers, api->pg_*, the
+ * plugin's own events on api->event_base()).
+ *
+ * doc/plugins.md describes every hook with its arguments, results and
+ * timing, and walks through an annotated example.
+ */
+#ifndef LOKADB_PLUGIN_H
+#define LOKADB_PLUGIN_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LK_PLUGIN_MAGIC 0x4c4b504cu	/* "LKPL" */
+#define LK_ABI_MAJOR 1
+#define LK_ABI_MINOR 0
+#define LK_PLUGIN_SYMBOL "lokadb_plugin"
+
+/* Opaque handles. */
+typedef struct lk_plugin lk_plugin;	/* the core's record of one loaded plugin ("self") */
+typedef struct lk_client lk_client;	/* a client connection; valid until its CLIENT_CLOSE returns */
+typedef struct lk_server lk_server;	/* a server connection; valid until its SERVER_CLOSE returns */
+typedef struct lk_event lk_event;	/* the arguments of one hook call; valid during the call
+					   (QUERY, ROUTE, CLIENT_STARTUP, AUTH_LOOKUP: until resumed) */
+typedef struct lk_result lk_result;	/* a reply being built: a console command's or a query's */
+typedef struct lk_timer lk_timer;
+typedef struct lk_pg lk_pg;		/* a non-blocking libpq connection on the loop */
+typedef struct lk_connect lk_connect;	/* one connection a transport is asked to open */
+typedef struct lk_api lk_api;
+
+struct event_base;			/* libevent */
+struct pg_conn;				/* libpq's PGconn */
+struct pg_result;			/* libpq's PGresult */
+
+/* Hook results. */
+enum lk_rc {
+	LK_ERROR = -1,		/* fail: the core sends the ErrorResponse set with api->fail() */
+	LK_CONTINUE = 0,	/* next handler, then the core's default */
+	LK_HANDLED = 1,		/* decided (or answered); the rest of the chain is skipped */
+	LK_ASYNC = 2,		/* the client waits; the plugin calls api->resume() exactly once */
+};
+
+/* Hook points. Append only. */
+enum lk_hook {
+	LK_HOOK_CONFIG_CHECK = 0,	/* [plugin.NAME] values about to be used: veto with LK_ERROR */
+	LK_HOOK_CONFIG_APPLY,		/* they are in use now (start and RELOAD); observer */
+	LK_HOOK_CLIENT_STARTUP,		/* startup packet read, before authentication; decision */
+	LK_HOOK_AUTH_LOOKUP,		/* the secret for a client's user; provider */
+	LK_HOOK_QUERY,			/* Query / Parse / Bind of a client flagged with watch_queries */
+	LK_HOOK_ROUTE,			/* a client needs a server: pick the pool; decision */
+	LK_HOOK_TXN_END,		/* a client's transaction ended (server idle again); observer */
+	LK_HOOK_CLIENT_CLOSE,		/* observer */
+	LK_HOOK_SERVER_CLOSE,		/* observer */
+	LK_HOOK_COUNT
+};
+
+/* Log levels for api->log. */
+enum lk_log_level { LK_LOG_ERROR = 0, LK_LOG_WARNING, LK_LOG_INFO, LK_LOG_DEBUG };
+
+/* Column types for api->result_columns (PostgreSQL type OIDs). */
+#define LK_TYPE_TEXT 25
+#define LK_TYPE_INT8 20
+#define LK_TYPE_INT4 23
+#define LK_TYPE_BOOL 16
+
+typedef int (*lk_hook_fn)(lk_plugin *self, lk_event *ev);
+/* A console command: `args` is the text after the command's name, trimmed. */
+typedef int (*lk_console_fn)(lk_plugin *self, lk_result *res, const char *args);
+/* A transport opens the connection described by `req` (see api->connect_*). */
+typedef int (*lk_transport_fn)(lk_plugin *self, lk_connect *req);
+typedef void (*lk_timer_fn)(lk_plugin *self, void *arg);
+/* ok = 1: connected; ok = 0: the connect failed or the connection broke (err says why). */
+typedef void (*lk_pg_state_fn)(lk_plugin *self, lk_pg *pg, int ok, const char *err, void *arg);
+/* One call per query with its last result (NULL when the connection broke); freed after the call. */
+typedef void (*lk_pg_result_fn)(lk_plugin *self, lk_pg *pg, struct pg_result *res, void *arg);
+typedef void (*lk_pg_notify_fn)(lk_plugin *self, lk_pg *pg, const char *channel, const char *payload, void *arg);
+
+/* The descriptor lokadb_plugin() returns. */
+struct lk_plugin_desc {
+	uint32_t magic;			/* LK_PLUGIN_MAGIC */
+	uint16_t abi_major;		/* LK_ABI_MAJOR the plugin was built with */
+	uint16_t abi_minor;		/* LK_ABI_MINOR the plugin was built with */
+	uint32_t size;			/* sizeof(struct lk_plugin_desc) */
+	const char *name;		/* must equal the name in `plugins =` */
+	const char *version;		/* shown by SHOW PLUGINS */
+	/* Register hooks, settings, commands, services. 0 = ok; otherwise the
+	 * core refuses to start, quoting api->init_error()'s text. */
+	int (*init)(lk_plugin *self, const lk_api *api);
+	void (*fini)(lk_plugin *self);	/* at exit; may be NULL */
+};
+
+#if defined(__GNUC__)
+#define LK_EXPORT __attribute__((visibility("default")))
+#else
+#define LK_EXPORT
+#endif
+
+/* Declare the plugin: LK_PLUGIN("name", "1.0", my_init, my_fini); */
+#define LK_PLUGIN(NAME, VERSION, INIT, FINI)                                              \
+	LK_EXPORT const struct lk_plugin_desc *lokadb_plugin(void);                       \
+	LK_EXPORT const struct lk_plugin_desc *lokadb_plugin(void)                        \
+	{                                                                                 \
+		static const struct lk_plugin_desc desc = {                               \
+			LK_PLUGIN_MAGIC, LK_ABI_MAJOR, LK_ABI_MINOR,                      \
+			(uint32_t)sizeof(struct lk_plugin_desc), NAME, VERSION, INIT, FINI \
+		};                                                                        \
+		return &desc;                                                             \
+	}
+
+/* Does this core's table have `field`? (for fields newer than LK_ABI_MINOR 0) */
+#define LK_API_HAS(api, field) \
+	((api)->size >= offsetof(struct lk_api, field) + sizeof((api)->field) && (api)->field != NULL)
+
+#if defined(__GNUC__)
+#define LK_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define LK_PRINTF(a, b)
+#endif
+
+/*
+ * The core's function table. Append only: ABI minor 0 ends at the last
+ * field below; later minors add fields after it.
+ */
+struct lk_api {
+	uint32_t size;			/* sizeof(struct lk_api) of the running core */
+	uint16_t abi_major, abi_minor;
+	const char *core_version;	/* e.g. "0.1.0" */
+
+	/* ---- the plugin itself ---- */
+	void (*log)(lk_plugin *self, int level, const char *fmt, ...) LK_PRINTF(3, 4);
+	/* The reason init() failed (shown when the core refuses to start). */
+	void (*init_error)(lk_plugin *self, const char *fmt, ...) LK_PRINTF(2, 3);
+	void (*set_data)(lk_plugin *self, void *data);
+	void *(*get_data)(lk_plugin *self);
+	const char *(*plugin_name)(lk_plugin *self);
+
+	/* ---- hooks (only in init) ----
+	 * Lower priority runs first; equal priorities run in `plugins =` order.
+	 * Returns 0, or -1 for an unknown hook. */
+	int (*hook)(lk_plugin *self, enum lk_hook hook, lk_hook_fn fn, int priority);
+
+	/* ---- settings of [plugin.NAME] ----
+	 * config_declare (only in init): a key the section may hold, its default
+	 * (NULL = empty) and a line of documentation for SHOW CONFIG. Keys not
+	 * declared are refused with the file and line. */
+	int (*config_declare)(lk_plugin *self, const char *key, const char *def, const char *doc);
+	/* In CONFIG_CHECK / CONFIG_APPLY: the value about to be used (or the default). */
+	const char *(*config_get)(lk_event *ev, const char *key);
+	/* In CONFIG_CHECK: refuse `key`'s value; the core reports FILE:LINE and the reason. Returns LK_ERROR. */
+	int (*config_error)(lk_event *ev, const char *key, const char *fmt, ...) LK_PRINTF(3, 4);
+	/* In CONFIG_CHECK / CONFIG_APPLY: 1 when called for RELOAD or SET, 0 at start. */
+	int (*config_reloading)(lk_event *ev);
+	/* Anywhere: the value in use (or the default); NULL for an undeclared key. */
+	const char *(*setting)(lk_plugin *self, const char *key);
+
+	/* ---- hook arguments ---- */
+	enum lk_hook (*ev_hook)(lk_event *ev);
+	lk_client *(*ev_client)(lk_event *ev);	/* NULL in CONFIG_* and SERVER_CLOSE */
+	lk_server *(*ev_server)(lk_event *ev);	/* TXN_END, SERVER_CLOSE; else NULL */
+	/* Set the error LK_ERROR will send (SQLSTATE, message). Returns LK_ERROR. */
+	int (*fail)(lk_event *ev, const char *sqlstate, const char *fmt, ...) LK_PRINTF(3, 4);
+
+	/* ---- clients ---- */
+	uint64_t (*client_id)(lk_client *c);
+	const char *(*client_user)(lk_client *c);
+	const char *(*client_database)(lk_client *c);	/* as the client asked for it */
+	/* A startup parameter as the client sent it (application_name, options, ...), or NULL. */
+	const char *(*client_param)(lk_client *c, const char *name);
+	/* The peer's address as text ("127.0.0.1", "unix") and port (0 for unix). */
+	const char *(*client_addr)(lk_client *c, char *buf, size_t len, int *port);
+	/* CLIENT_STARTUP only: log the client in as another database / user. 0 or -1. */
+	int (*client_set_database)(lk_client *c, const char *dbname);
+	int (*client_set_user)(lk_client *c, const char *user);
+	/* Call the QUERY hook for this client's Query/Parse/Bind messages (on = 1) or not. */
+	void (*client_watch_queries)(lk_client *c, int on);
+	/* The database of the pool it uses now (after ROUTE / query_route), or NULL before login. */
+	const char *(*client_pool_database)(lk_client *c);
+	/* 1 while its server is inside a transaction block. */
+	int (*client_in_transaction)(lk_client *c);
+	/* Per-client slot of this plugin; NULL until set. Free it in CLIENT_CLOSE. */
+	void *(*client_ctx)(lk_plugin *self, lk_client *c);
+	void (*client_set_ctx)(lk_plugin *self, lk_client *c, void *data);
+	/* End an LK_ASYNC hook call: rc is LK_CONTINUE, LK_HANDLED or LK_ERROR. Exactly once. */
+	void (*resume)(lk_client *c, int rc);
+	/* Same as resume(c, LK_ERROR) with this error. */
+	void (*resume_error)(lk_client *c, const char *sqlstate, const char *fmt, ...) LK_PRINTF(3, 4);
+	/* Close the client with a FATAL error (sqlstate NULL: no message). */
+	void (*client_close)(lk_client *c, const char *sqlstate, const char *msg);
+
+	/* ---- servers ---- */
+	uint64_t (*server_id)(lk_server *s);
+	const char *(*server_database)(lk_server *s);	/* its pool's database name */
+	const char *(*server_user)(lk_server *s);	/* the login user */
+	int (*server_backend_pid)(lk_server *s);
+	void *(*server_ctx)(lk_plugin *self, lk_server *s);
+	void (*server_set_ctx)(lk_plugin *self, lk_server *s, void *data);
+
+	/* ---- AUTH_LOOKUP ---- */
+	const char *(*auth_user)(lk_event *ev);
+	/* Provide the user's secret (plain, "md5..." or "SCRAM-SHA-256$...") and return LK_HANDLED
+	 * (or call it before resume(c, LK_HANDLED)). NULL: no such user. */
+	void (*auth_set_secret)(lk_event *ev, const char *secret);
+
+	/* ---- QUERY ----
+	 * query_type: 'Q' (simple Query), 'P' (Parse) or 'B' (Bind).
+	 * query_sql: the statement text; for Bind, the text of the statement
+	 * it binds when that statement was parsed on this connection, else NULL. */
+	char (*query_type)(lk_event *ev);
+	const char *(*query_sql)(lk_event *ev);
+	const char *(*query_statement)(lk_event *ev);	/* P, B: prepared statement name ("" = unnamed) */
+	const char *(*query_portal)(lk_event *ev);	/* B: portal name */
+	int (*query_nparams)(lk_event *ev);		/* P: declared types; B: values */
+	/* B: value i (NULL = SQL NULL), its length and format (0 text, 1 binary). */
+	const char *(*query_param)(lk_event *ev, int i, int *len, int *format);
+	uint32_t (*query_param_type)(lk_event *ev, int i);	/* P: declared type OID (0 = unspecified) */
+	/* Q, P: replace the statement text. 0 or -1. */
+	int (*query_rewrite)(lk_event *ev, const char *sql);
+	/* B: replace value i with text (NULL = SQL NULL). 0 or -1. */
+	int (*query_set_param)(lk_event *ev, int i, const char *value);
+	/* Run `sql` (simple Query, result not shown to the client) on the same
+	 * server, pipelined right before this message. May be called several
+	 * times; the statements run in order. A failing prefix fails the message. */
+	int (*query_prefix)(lk_event *ev, const char *sql);
+	/* Run this message (and its transaction) on the pool of `dbname` with
+	 * the same user. -1 if there is no such database or the client is in a
+	 * transaction on another pool. */
+	int (*query_route)(lk_event *ev, const char *dbname);
+	/* Answer the message yourself: build rows on the result and return
+	 * LK_HANDLED. Q: the core ends with CommandComplete (if not given) and
+	 * ReadyForQuery; P/B: the core sends ParseComplete/BindComplete. */
+	lk_result *(*query_result)(lk_event *ev);
+
+	/* ---- ROUTE ---- */
+	/* The database whose pool will serve the client's next transaction. 0 or -1. */
+	int (*route_set)(lk_event *ev, const char *dbname);
+
+	/* ---- replies (console commands and answered queries) ----
+	 * types may be NULL (all text). Values are text; NULL = SQL NULL. */
+	int (*result_columns)(lk_result *res, int n, const char *const *names, const uint32_t *types);
+	int (*result_row)(lk_result *res, const char *const *values);
+	int (*result_notice)(lk_result *res, const char *msg);
+	/* CommandComplete tag; NULL = "SHOW" on the console, "SELECT n" for queries. */
+	int (*result_complete)(lk_result *res, const char *tag);
+	/* Fail the command instead (nothing else is sent). Returns LK_ERROR. */
+	int (*result_error)(lk_result *res, const char *sqlstate, const char *fmt, ...) LK_PRINTF(3, 4);
+	/* End a console command that returned LK_ASYNC. */
+	void (*result_done)(lk_result *res);
+
+	/* ---- console ----
+	 * `name` is one or two words ("SHOW AGENTS", "MOVE"), matched
+	 * case-insensitively at the start of a console command. admin_only: 1
+	 * for admin_users only, 0 to allow stats_users. The callback returns
+	 * LK_HANDLED, LK_ERROR (result_error) or LK_ASYNC (result_done later). */
+	int (*console_register)(lk_plugin *self, const char *name, int admin_only, lk_console_fn fn,
+				const char *doc);
+
+	/* ---- transports ----
+	 * A [databases] entry with transport=NAME has its server connections
+	 * opened by the plugin that registered NAME. The callback returns
+	 * LK_HANDLED after connect_ready(), LK_ASYNC when it calls connect_ready()
+	 * or connect_failed() later, or LK_ERROR after connect_failed(). */
+	int (*transport_register)(lk_plugin *self, const char *name, lk_transport_fn fn);
+	const char *(*connect_host)(lk_connect *req);	/* [databases] host (may be NULL) */
+	int (*connect_port)(lk_connect *req);
+	const char *(*connect_dbname)(lk_connect *req);	/* the server-side database name */
+	const char *(*connect_database)(lk_connect *req);	/* the [databases] entry's name */
+	int (*connect_is_cancel)(lk_connect *req);	/* 1: for a CancelRequest, not a login */
+	lk_server *(*connect_server)(lk_connect *req);	/* NULL for a cancel */
+	/* Hand over a connected stream socket (the core owns it from now on). */
+	void (*connect_ready)(lk_connect *req, int fd);
+	void (*connect_failed)(lk_connect *req, const char *msg);
+
+	/* ---- services between plugins ---- */
+	int (*service_publish)(lk_plugin *self, const char *name, const void *table);
+	const void *(*service_lookup)(const char *name);
+
+	/* ---- the loop ---- */
+	struct event_base *(*event_base)(void);
+	uint64_t (*now_usec)(void);		/* monotonic clock */
+	lk_timer *(*timer_add)(lk_plugin *self, uint64_t usec, int repeat, lk_timer_fn fn, void *arg);
+	void (*timer_cancel)(lk_timer *t);
+
+	/* ---- non-blocking libpq on the loop ---- */
+	lk_pg *(*pg_connect)(lk_plugin *self, const char *conninfo, lk_pg_state_fn fn, void *arg);
+	/* Queue a query (parameters as text, may be 0/NULL); results come in order. 0 or -1. */
+	int (*pg_query)(lk_pg *pg, const char *sql, int nparams, const char *const *params,
+			lk_pg_result_fn fn, void *arg);
+	void (*pg_on_notify)(lk_pg *pg, lk_pg_notify_fn fn, void *arg);
+	struct pg_conn *(*pg_conn)(lk_pg *pg);	/* for reading with libpq; do not free it */
+	void (*pg_close)(lk_pg *pg);		/* pending callbacks are not called */
+};
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

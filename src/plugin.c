@@ -1,0 +1,2430 @@
+/* SPDX-License-Identifier: ISC */
+/*
+ * plugin.c -- the plugin boundary (include/lokadb/plugin.h, DESIGN.md §5):
+ * loading and refusing plugins, the API table handed to them, hook chains,
+ * [plugin.NAME] settings, console commands, transports, services, timers and
+ * the non-blocking libpq helper.
+ *
+ * Hook chains: one sorted array per hook in rt->hooks (priority, then
+ * `plugins =` order). The core calls a chain only when it is not empty
+ * (hook_on()), so a hook nobody registered costs one branch.
+ *
+ * Events: a hook call's arguments are an lk_event. Observer hooks use one on
+ * the stack. Hooks that may answer LK_ASYNC (CLIENT_STARTUP, AUTH_LOOKUP,
+ * QUERY, ROUTE) get a heap event owned by the client (c->lev, c->qev,
+ * c->rev); api->resume() continues the chain after the handler that went
+ * asynchronous and then hands the decision back to client.c.
+ *
+ * Handles: lk_client and lk_server are the core's struct client / struct
+ * server; plugins see them only as opaque pointers.
+ */
+#include "core.h"
+
+#include <ctype.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <libpq-fe.h>
+
+#ifndef LOKADB_PLUGIN_DIR
+#define LOKADB_PLUGIN_DIR "/usr/local/lib/lokadb/plugins"
+#endif
+
+#define CL(h) ((struct client *)(h))
+#define SV(h) ((struct server *)(h))
+
+static const char *const hook_names[LK_HOOK_COUNT] = {
+	"CONFIG_CHECK", "CONFIG_APPLY", "CLIENT_STARTUP", "AUTH_LOOKUP", "QUERY",
+	"ROUTE", "TXN_END", "CLIENT_CLOSE", "SERVER_CLOSE",
+};
+
+struct lk_event {
+	enum lk_hook hook;
+	struct client *c;
+	struct server *s;
+	int pos;			/* chain index of the handler running or gone ASYNC */
+	bool running;			/* inside a handler */
+	bool async;			/* a handler answered LK_ASYNC, resume not yet called */
+	bool decided;			/* chain finished; rc is the outcome */
+	int early_rc;			/* resume() called from inside the handler */
+	bool early;
+	int rc;
+	char sqlstate[6];
+	char *errmsg;
+	struct lk_plugin *failer;	/* plugin whose handler failed */
+	/* CONFIG_* */
+	struct lk_plugin *cfg_pl;
+	bool reloading;
+	const char *cfg_path;
+	char *cfg_err;
+	/* AUTH_LOOKUP */
+	char *secret;
+	bool secret_set;
+	/* QUERY */
+	char qtype;
+	uint8_t *body;			/* copy of the message body */
+	uint32_t blen;
+	char *sql, *stmt, *portal;	/* pointers into body, or owned (sql_owned) */
+	const char *bound_sql;		/* B: the text of the statement it binds */
+	char *new_sql;
+	int nparams;
+	uint32_t params_off;		/* P: first type OID; B: first value */
+	uint32_t fmts_off;		/* B: format codes */
+	int nfmts;
+	uint32_t tail_off;		/* B: result format codes */
+	char **new_params;		/* B: overrides (text) */
+	bool *param_set;
+	char **prefix;
+	int n_prefix;
+	char *route;
+	struct lk_result *res;
+};
+
+struct lk_result {
+	struct client *c;		/* NULL when its client went away */
+	struct pktbuf pb;
+	bool console;
+	bool columns, complete, failed, async;
+	int ncols, nrows;
+};
+
+struct transport {
+	char *name;
+	struct lk_plugin *pl;
+	lk_transport_fn fn;
+};
+
+struct lk_connect {
+	struct transport *t;
+	struct server *s;		/* NULL for a cancel */
+	struct lk_db *db;
+	char *host, *dbname, *database;
+	int port;
+	uint8_t cancel[16];
+	bool is_cancel;
+	bool in_call;
+	bool done;
+	struct lk_connect *next;	/* on the pending-cancel list */
+};
+
+struct service {
+	char *name;
+	const void *table;
+	struct lk_plugin *pl;
+};
+
+struct console_cmd {
+	char *name;			/* one or two words, upper case */
+	struct lk_plugin *pl;
+	lk_console_fn fn;
+	bool admin_only;
+	char *doc;
+};
+
+struct lk_timer {
+	LIST_ENTRY(lk_timer) entry;
+	struct event *ev;
+	struct lk_plugin *pl;
+	lk_timer_fn fn;
+	void *arg;
+	bool repeat;
+};
+
+struct pg_cb {
+	struct pg_cb *next;
+	char *sql;
+	int nparams;
+	char **params;
+	lk_pg_result_fn fn;
+	void *arg;
+	bool sent;
+};
+
+struct lk_pg {
+	LIST_ENTRY(lk_pg) entry;
+	struct lk_plugin *pl;
+	PGconn *conn;
+	struct event *ev;
+	bool connecting, writing, closed;
+	lk_pg_state_fn state_fn;
+	void *state_arg;
+	lk_pg_notify_fn notify_fn;
+	void *notify_arg;
+	struct pg_cb *head, *tail;
+	PGresult *last;
+	int in_cb;			/* inside pg_io: pg_close() defers the free */
+	bool free_me;
+};
+
+struct stmt_text {
+	struct stmt_text *next;
+	char *name, *sql;
+};
+
+static struct {
+	struct transport *transports;
+	int n_transports;
+	struct service *services;
+	int n_services;
+	struct console_cmd *cmds;
+	int n_cmds;
+	LIST_HEAD(, lk_timer) timers;
+	LIST_HEAD(, lk_pg) pgs;
+	struct lk_connect *cancels;	/* cancel connects in progress */
+	const char *dir;
+} P;
+
+static const struct lk_api api_table;
+
+/* ================= small helpers ================= */
+
+static void set_str(char **dst, const char *src)
+{
+	free(*dst);
+	*dst = src ? xstrdup(src) : NULL;
+}
+
+static void vset_error(struct lk_event *ev, const char *sqlstate, const char *fmt, va_list ap)
+{
+	char msg[1024];
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	snprintf(ev->sqlstate, sizeof(ev->sqlstate), "%s", sqlstate && strlen(sqlstate) == 5 ? sqlstate : "XX000");
+	set_str(&ev->errmsg, msg);
+}
+
+static struct lk_event *hev_new(enum lk_hook hook, struct client *c, struct server *s)
+{
+	struct lk_event *ev = xcalloc(1, sizeof(*ev));
+	ev->hook = hook;
+	ev->c = c;
+	ev->s = s;
+	return ev;
+}
+
+static void result_free(struct lk_result *res)
+{
+	if (!res)
+		return;
+	pkt_free(&res->pb);
+	free(res);
+}
+
+void plugin_event_free(struct lk_event *ev)
+{
+	if (!ev)
+		return;
+	free(ev->errmsg);
+	free(ev->cfg_err);
+	free(ev->secret);
+	free(ev->body);
+	free(ev->new_sql);
+	for (int i = 0; ev->new_params && i < ev->nparams; i++)
+		free(ev->new_params[i]);
+	free(ev->new_params);
+	free(ev->param_set);
+	for (int i = 0; i < ev->n_prefix; i++)
+		free(ev->prefix[i]);
+	free(ev->prefix);
+	free(ev->route);
+	result_free(ev->res);
+	free(ev);
+}
+
+/* Run the chain of ev->hook from `start`. Returns the first non-CONTINUE result. */
+static int chain_run(struct lk_event *ev, int start)
+{
+	struct hook_chain *ch = &rt->hooks[ev->hook];
+
+	for (int i = start; i < ch->n; i++) {
+		int rc;
+		ev->pos = i;
+		ev->running = true;
+		ev->early = false;
+		rc = ch->v[i].fn(ch->v[i].pl, ev);
+		ev->running = false;
+		if (rc == LK_ASYNC && ev->early) {
+			rc = ev->early_rc;
+			ev->early = false;
+		}
+		if (rc == LK_ASYNC) {
+			ev->async = true;
+			return LK_ASYNC;
+		}
+		if (rc == LK_CONTINUE)
+			continue;
+		if (rc != LK_HANDLED)
+			rc = LK_ERROR;
+		if (rc == LK_ERROR) {
+			ev->failer = ch->v[i].pl;
+			if (!ev->errmsg) {
+				snprintf(ev->sqlstate, sizeof(ev->sqlstate), "XX000");
+				{
+					char msg[256];
+					snprintf(msg, sizeof(msg), "plugin %s failed the request", ch->v[i].pl->name);
+					set_str(&ev->errmsg, msg);
+				}
+			}
+		}
+		return rc;
+	}
+	return LK_CONTINUE;
+}
+
+/* Observers: every handler runs, results ignored. */
+static void chain_notify(enum lk_hook hook, struct client *c, struct server *s)
+{
+	struct lk_event ev;
+	struct hook_chain *ch = &rt->hooks[hook];
+
+	memset(&ev, 0, sizeof(ev));
+	ev.hook = hook;
+	ev.c = c;
+	ev.s = s;
+	for (int i = 0; i < ch->n; i++) {
+		ev.pos = i;
+		ev.running = true;
+		ch->v[i].fn(ch->v[i].pl, &ev);
+	}
+	free(ev.errmsg);
+}
+
+bool plugin_event_decided(const struct lk_event *ev, int *rc)
+{
+	if (!ev->decided)
+		return false;
+	*rc = ev->rc;
+	return true;
+}
+
+const char *plugin_event_route(const struct lk_event *ev)
+{
+	return ev->route;
+}
+
+void plugin_event_error(const struct lk_event *ev, const char **sqlstate, const char **msg)
+{
+	*sqlstate = ev->sqlstate[0] ? ev->sqlstate : "XX000";
+	*msg = ev->errmsg ? ev->errmsg : "plugin failed the request";
+}
+
+/* ================= loading ================= */
+
+static const char *plugin_dir(const struct lk_config *cf)
+{
+	static char buf[PATH_MAX + 16];
+	char exe[PATH_MAX];
+	struct stat st;
+	ssize_t n;
+
+	if (cf->plugin_dir && *cf->plugin_dir)
+		return cf->plugin_dir;
+	n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	if (n > 0) {
+		char *slash;
+		exe[n] = 0;
+		slash = strrchr(exe, '/');
+		if (slash) {
+			*slash = 0;
+			snprintf(buf, sizeof(buf), "%s/plugins", exe);
+			if (stat(buf, &st) == 0 && S_ISDIR(st.st_mode))
+				return buf;
+		}
+	}
+	return LOKADB_PLUGIN_DIR;
+}
+
+static int load_fail(char *err, size_t errlen, const char *name, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static int load_fail(char *err, size_t errlen, const char *name, const char *fmt, ...)
+{
+	char why[768];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	snprintf(err, errlen, "plugin %s: %s", name, why);
+	return 0;
+}
+
+static bool load_one(const char *name, const char *dir, char *err, size_t errlen)
+{
+	char path[PATH_MAX + 300], alt[PATH_MAX + 300];
+	const struct lk_plugin_desc *(*entry)(void);
+	const struct lk_plugin_desc *d;
+	struct lk_plugin *pl, **grown;
+	struct stat st;
+	void *dl;
+	int rc;
+
+	for (const char *p = name; *p; p++)
+		if (!isalnum((unsigned char)*p) && *p != '_' && *p != '-')
+			return load_fail(err, errlen, name, "invalid plugin name");
+	for (int i = 0; i < rt->n_plugins; i++)
+		if (strcmp(rt->plugins[i]->name, name) == 0)
+			return load_fail(err, errlen, name, "listed twice in plugins =");
+	snprintf(path, sizeof(path), "%s/%s.so", dir, name);
+	snprintf(alt, sizeof(alt), "%s/%s/%s.so", dir, name, name);
+	if (stat(path, &st) != 0) {
+		if (stat(alt, &st) != 0)
+			return load_fail(err, errlen, name, "not found in %s (tried %s, %s)", dir, path, alt);
+		memcpy(path, alt, sizeof(path));
+	}
+	dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!dl)
+		return load_fail(err, errlen, name, "cannot load %s: %s", path, dlerror());
+	*(void **)(&entry) = dlsym(dl, LK_PLUGIN_SYMBOL);
+	if (!entry) {
+		dlclose(dl);
+		return load_fail(err, errlen, name, "no %s() symbol in %s (not a LokaDB plugin)", LK_PLUGIN_SYMBOL, path);
+	}
+	d = entry();
+	if (!d || d->magic != LK_PLUGIN_MAGIC) {
+		dlclose(dl);
+		return load_fail(err, errlen, name, "bad magic 0x%08x in %s (not a LokaDB plugin)", d ? d->magic : 0, path);
+	}
+	if (d->abi_major != LK_ABI_MAJOR || d->abi_minor > LK_ABI_MINOR) {
+		dlclose(dl);
+		return load_fail(err, errlen, name, "built for plugin ABI %u.%u, this lokadb has ABI %d.%d",
+				 d->abi_major, d->abi_minor, LK_ABI_MAJOR, LK_ABI_MINOR);
+	}
+	if (d->size < sizeof(struct lk_plugin_desc)) {
+		dlclose(dl);
+		return load_fail(err, errlen, name, "descriptor too small (%u bytes, expected %zu)", d->size,
+				 sizeof(struct lk_plugin_desc));
+	}
+	if (!d->name || strcmp(d->name, name) != 0) {
+		dlclose(dl);
+		return load_fail(err, errlen, name, "descriptor names it \"%s\", not \"%s\"", d->name ? d->name : "", name);
+	}
+	if (!d->init) {
+		dlclose(dl);
+		return load_fail(err, errlen, name, "descriptor has no init function");
+	}
+	pl = xcalloc(1, sizeof(*pl));
+	pl->name = xstrdup(name);
+	pl->path = xstrdup(path);
+	pl->dl = dl;
+	pl->desc = d;
+	pl->index = rt->n_plugins;
+	grown = realloc(rt->plugins, sizeof(*grown) * (size_t)(rt->n_plugins + 1));
+	if (!grown)
+		abort();
+	rt->plugins = grown;
+	rt->plugins[rt->n_plugins++] = pl;
+	pl->in_init = true;
+	rc = d->init(pl, &api_table);
+	pl->in_init = false;
+	if (rc != 0)
+		return load_fail(err, errlen, name, "init failed: %s", pl->init_err ? pl->init_err : "no reason given");
+	log_info("plugin %s %s loaded from %s", name, d->version ? d->version : "", path);
+	return true;
+}
+
+bool plugins_load(const struct lk_config *cf, char *err, size_t errlen)
+{
+	char *list, *save = NULL, *tok;
+	bool ok = true;
+
+	if (!cf->plugins || !*cf->plugins)
+		return true;
+	P.dir = plugin_dir(cf);
+	list = xstrdup(cf->plugins);
+	for (tok = strtok_r(list, " ,\t", &save); tok && ok; tok = strtok_r(NULL, " ,\t", &save))
+		ok = load_one(tok, P.dir, err, errlen);
+	free(list);
+	return ok;
+}
+
+/* ================= settings ([plugin.NAME]) ================= */
+
+static struct lk_plugin *plugin_by_name(const char *name)
+{
+	for (int i = 0; i < rt->n_plugins; i++)
+		if (strcasecmp(rt->plugins[i]->name, name) == 0)
+			return rt->plugins[i];
+	return NULL;
+}
+
+static struct plugin_setting *setting_find(struct lk_plugin *pl, const char *key)
+{
+	for (int i = 0; i < pl->n_settings; i++)
+		if (strcasecmp(pl->settings[i].key, key) == 0)
+			return &pl->settings[i];
+	return NULL;
+}
+
+static const char *setting_pending(const struct plugin_setting *st)
+{
+	return st->pending ? st->pending : st->def;
+}
+
+static void pending_clear(void)
+{
+	for (int i = 0; i < rt->n_plugins; i++)
+		for (int j = 0; j < rt->plugins[i]->n_settings; j++) {
+			struct plugin_setting *st = &rt->plugins[i]->settings[j];
+			free(st->pending);
+			st->pending = NULL;
+			st->line = 0;
+		}
+}
+
+/* CONFIG_CHECK of one plugin with its pending values; false + err on veto. */
+static bool check_plugin(struct lk_plugin *pl, const char *path, bool reloading, char *err, size_t errlen)
+{
+	struct hook_chain *ch = &rt->hooks[LK_HOOK_CONFIG_CHECK];
+	struct lk_event *ev;
+	bool ok = true;
+
+	for (int i = 0; i < ch->n && ok; i++) {
+		int rc;
+		if (ch->v[i].pl != pl)
+			continue;
+		ev = hev_new(LK_HOOK_CONFIG_CHECK, NULL, NULL);
+		ev->cfg_pl = pl;
+		ev->reloading = reloading;
+		ev->cfg_path = path;
+		ev->running = true;
+		rc = ch->v[i].fn(pl, ev);
+		if (rc == LK_ERROR || ev->cfg_err) {
+			snprintf(err, errlen, "%s", ev->cfg_err ? ev->cfg_err :
+				 ev->errmsg ? ev->errmsg : "configuration refused");
+			if (!ev->cfg_err) {
+				char tmp[1024];
+				snprintf(tmp, sizeof(tmp), "%s: [plugin.%s]: %s", path, pl->name, err);
+				snprintf(err, errlen, "%s", tmp);
+			}
+			ok = false;
+		}
+		plugin_event_free(ev);
+	}
+	return ok;
+}
+
+bool plugins_check(struct lk_config *cf, bool reloading, char *err, size_t errlen)
+{
+	pending_clear();
+	for (int i = 0; i < cf->n_raw; i++) {
+		const struct cf_raw *r = &cf->raw[i];
+		struct lk_plugin *pl;
+		struct plugin_setting *st;
+		if (strncasecmp(r->section, "plugin.", 7) != 0)
+			continue;
+		pl = plugin_by_name(r->section + 7);
+		if (!pl) {
+			snprintf(err, errlen, "%s:%d: [%s]: plugin %s is not in plugins =", cf->path, r->line,
+				 r->section, r->section + 7);
+			goto fail;
+		}
+		st = setting_find(pl, r->key);
+		if (!st) {
+			snprintf(err, errlen, "%s:%d: unknown setting \"%s\" in [plugin.%s]", cf->path, r->line, r->key,
+				 pl->name);
+			goto fail;
+		}
+		set_str(&st->pending, r->value);
+		st->line = r->line;
+	}
+	for (int i = 0; i < cf->n_dbs; i++) {
+		const struct db_conf *dc = &cf->dbs[i];
+		if (dc->transport && !plugin_transport_exists(dc->transport)) {
+			snprintf(err, errlen, "%s:%d: transport \"%s\" is not provided by any plugin", cf->path, dc->line,
+				 dc->transport);
+			goto fail;
+		}
+	}
+	for (int i = 0; i < rt->n_plugins; i++)
+		if (!check_plugin(rt->plugins[i], cf->path, reloading, err, errlen))
+			goto fail;
+	return true;
+fail:
+	pending_clear();
+	return false;
+}
+
+static void apply_plugin(struct lk_plugin *pl, bool reloading)
+{
+	struct hook_chain *ch = &rt->hooks[LK_HOOK_CONFIG_APPLY];
+	struct lk_event ev;
+
+	for (int i = 0; i < ch->n; i++) {
+		if (ch->v[i].pl != pl)
+			continue;
+		memset(&ev, 0, sizeof(ev));
+		ev.hook = LK_HOOK_CONFIG_APPLY;
+		ev.cfg_pl = pl;
+		ev.reloading = reloading;
+		ev.running = true;
+		ch->v[i].fn(pl, &ev);
+		free(ev.errmsg);
+		free(ev.cfg_err);
+	}
+}
+
+/* Make the pending values the ones in use, then CONFIG_APPLY. */
+void plugins_apply(bool reloading)
+{
+	for (int i = 0; i < rt->n_plugins; i++) {
+		struct lk_plugin *pl = rt->plugins[i];
+		for (int j = 0; j < pl->n_settings; j++) {
+			struct plugin_setting *st = &pl->settings[j];
+			free(st->value);
+			st->value = st->pending;	/* NULL: the default */
+			st->pending = NULL;
+		}
+	}
+	for (int i = 0; i < rt->n_plugins; i++)
+		apply_plugin(rt->plugins[i], reloading);
+}
+
+/* Console SET plugin.NAME.KEY = value: check that one plugin, then apply it. */
+bool plugin_set(const char *name, const char *value, char *err, size_t errlen)
+{
+	char buf[256], *dot;
+	struct lk_plugin *pl;
+	struct plugin_setting *st;
+
+	snprintf(buf, sizeof(buf), "%s", name + 7);
+	dot = strchr(buf, '.');
+	if (!dot) {
+		snprintf(err, errlen, "unknown setting: %s", name);
+		return false;
+	}
+	*dot = 0;
+	pl = plugin_by_name(buf);
+	st = pl ? setting_find(pl, dot + 1) : NULL;
+	if (!st) {
+		snprintf(err, errlen, "unknown setting: %s", name);
+		return false;
+	}
+	for (int j = 0; j < pl->n_settings; j++) {
+		struct plugin_setting *o = &pl->settings[j];
+		set_str(&o->pending, o->value);
+		o->line = 0;
+	}
+	set_str(&st->pending, value);
+	if (!check_plugin(pl, "SET", true, err, errlen)) {
+		pending_clear();
+		return false;
+	}
+	for (int j = 0; j < pl->n_settings; j++) {
+		struct plugin_setting *o = &pl->settings[j];
+		free(o->value);
+		o->value = o->pending;
+		o->pending = NULL;
+	}
+	apply_plugin(pl, true);
+	return true;
+}
+
+void plugin_show_config(struct pktbuf *pb)
+{
+	for (int i = 0; i < rt->n_plugins; i++) {
+		struct lk_plugin *pl = rt->plugins[i];
+		for (int j = 0; j < pl->n_settings; j++) {
+			struct plugin_setting *st = &pl->settings[j];
+			char key[256];
+			const char *v[4];
+			snprintf(key, sizeof(key), "plugin.%s.%s", pl->name, st->key);
+			v[0] = key;
+			v[1] = st->value ? st->value : st->def ? st->def : "";
+			v[2] = st->def ? st->def : "";
+			v[3] = "yes";
+			pkt_data_row(pb, 4, v);
+		}
+	}
+}
+
+/* ================= the plugin itself ================= */
+
+static void api_log(lk_plugin *self, int level, const char *fmt, ...)
+{
+	char msg[2048];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	switch (level) {
+	case LK_LOG_ERROR: log_error("plugin %s: %s", self->name, msg); break;
+	case LK_LOG_WARNING: log_warning("plugin %s: %s", self->name, msg); break;
+	case LK_LOG_INFO: log_info("plugin %s: %s", self->name, msg); break;
+	default: log_debug("plugin %s: %s", self->name, msg); break;
+	}
+}
+
+static void api_init_error(lk_plugin *self, const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	set_str(&self->init_err, msg);
+}
+
+static void api_set_data(lk_plugin *self, void *data)
+{
+	self->data = data;
+}
+
+static void *api_get_data(lk_plugin *self)
+{
+	return self->data;
+}
+
+static const char *api_plugin_name(lk_plugin *self)
+{
+	return self->name;
+}
+
+static int api_hook(lk_plugin *self, enum lk_hook hook, lk_hook_fn fn, int priority)
+{
+	struct hook_chain *ch;
+	struct hook_entry *v;
+	int at;
+
+	if ((int)hook < 0 || hook >= LK_HOOK_COUNT || !fn || !self->in_init)
+		return -1;
+	ch = &rt->hooks[hook];
+	v = realloc(ch->v, sizeof(*v) * (size_t)(ch->n + 1));
+	if (!v)
+		return -1;
+	ch->v = v;
+	/* stable: after every entry with priority <= this one */
+	for (at = ch->n; at > 0 && v[at - 1].prio > priority; at--)
+		v[at] = v[at - 1];
+	v[at].pl = self;
+	v[at].fn = fn;
+	v[at].prio = priority;
+	ch->n++;
+	self->hooks |= 1u << hook;
+	return 0;
+}
+
+static int api_config_declare(lk_plugin *self, const char *key, const char *def, const char *doc)
+{
+	struct plugin_setting *v;
+
+	if (!self->in_init || !key || !*key || setting_find(self, key))
+		return -1;
+	v = realloc(self->settings, sizeof(*v) * (size_t)(self->n_settings + 1));
+	if (!v)
+		return -1;
+	self->settings = v;
+	v = &v[self->n_settings++];
+	memset(v, 0, sizeof(*v));
+	v->key = xstrdup(key);
+	v->def = def ? xstrdup(def) : NULL;
+	v->doc = doc ? xstrdup(doc) : NULL;
+	return 0;
+}
+
+static const char *api_config_get(lk_event *ev, const char *key)
+{
+	struct plugin_setting *st;
+	if (!ev->cfg_pl || !(st = setting_find(ev->cfg_pl, key)))
+		return NULL;
+	if (ev->hook == LK_HOOK_CONFIG_CHECK)
+		return setting_pending(st);
+	return st->value ? st->value : st->def;
+}
+
+static int api_config_error(lk_event *ev, const char *key, const char *fmt, ...)
+{
+	char why[768], msg[1200];
+	struct plugin_setting *st = ev->cfg_pl ? setting_find(ev->cfg_pl, key) : NULL;
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	if (ev->hook != LK_HOOK_CONFIG_CHECK || !ev->cfg_pl)
+		return LK_ERROR;
+	if (st && st->line > 0)
+		snprintf(msg, sizeof(msg), "%s:%d: [plugin.%s] %s: %s", ev->cfg_path, st->line, ev->cfg_pl->name, key, why);
+	else
+		snprintf(msg, sizeof(msg), "%s: [plugin.%s] %s: %s", ev->cfg_path, ev->cfg_pl->name, key, why);
+	if (!ev->cfg_err)
+		set_str(&ev->cfg_err, msg);
+	return LK_ERROR;
+}
+
+static int api_config_reloading(lk_event *ev)
+{
+	return ev->reloading ? 1 : 0;
+}
+
+static const char *api_setting(lk_plugin *self, const char *key)
+{
+	struct plugin_setting *st = setting_find(self, key);
+	if (!st)
+		return NULL;
+	return st->value ? st->value : st->def;
+}
+
+static enum lk_hook api_ev_hook(lk_event *ev)
+{
+	return ev->hook;
+}
+
+static lk_client *api_ev_client(lk_event *ev)
+{
+	return (lk_client *)ev->c;
+}
+
+static lk_server *api_ev_server(lk_event *ev)
+{
+	return (lk_server *)ev->s;
+}
+
+static int api_fail(lk_event *ev, const char *sqlstate, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vset_error(ev, sqlstate, fmt, ap);
+	va_end(ap);
+	return LK_ERROR;
+}
+
+/* ================= clients ================= */
+
+static uint64_t api_client_id(lk_client *h)
+{
+	return CL(h)->id;
+}
+
+static const char *api_client_user(lk_client *h)
+{
+	return CL(h)->user;
+}
+
+static const char *api_client_database(lk_client *h)
+{
+	return CL(h)->dbname;
+}
+
+static const char *api_client_param(lk_client *h, const char *name)
+{
+	struct client *c = CL(h);
+	const char *p = c->startup, *end = c->startup + c->startup_len;
+
+	while (p && p < end && *p) {
+		const char *key = p, *val = p + strlen(p) + 1;
+		if (val >= end)
+			break;
+		if (strcmp(key, name) == 0)
+			return val;
+		p = val + strlen(val) + 1;
+	}
+	return NULL;
+}
+
+static const char *api_client_addr(lk_client *h, char *buf, size_t len, int *port)
+{
+	struct client *c = CL(h);
+	int pt = 0;
+	if (c->addr.ss_family == AF_UNIX)
+		snprintf(buf, len, "unix");
+	else
+		addr_to_str(&c->addr, buf, len, &pt);
+	if (port)
+		*port = pt;
+	return buf;
+}
+
+static int api_client_set_database(lk_client *h, const char *dbname)
+{
+	struct client *c = CL(h);
+	if (c->state != CL_LOGIN || c->auth_step || !dbname || !*dbname)
+		return -1;
+	set_str(&c->dbname, dbname);
+	return 0;
+}
+
+static int api_client_set_user(lk_client *h, const char *user)
+{
+	struct client *c = CL(h);
+	if (c->state != CL_LOGIN || c->auth_step || !user || !*user)
+		return -1;
+	set_str(&c->user, user);
+	return 0;
+}
+
+static void api_client_watch_queries(lk_client *h, int on)
+{
+	CL(h)->watch = on != 0;
+}
+
+static const char *api_client_pool_database(lk_client *h)
+{
+	struct client *c = CL(h);
+	return c->pool ? c->pool->db->name : NULL;
+}
+
+static int api_client_in_transaction(lk_client *h)
+{
+	struct client *c = CL(h);
+	return c->link && c->link->txn_status != 'I';
+}
+
+static void **ctx_slot(void ***slots, struct lk_plugin *pl)
+{
+	if (!*slots)
+		*slots = xcalloc((size_t)rt->n_plugins, sizeof(void *));
+	return &(*slots)[pl->index];
+}
+
+static void *api_client_ctx(lk_plugin *self, lk_client *h)
+{
+	struct client *c = CL(h);
+	return c->pctx ? c->pctx[self->index] : NULL;
+}
+
+static void api_client_set_ctx(lk_plugin *self, lk_client *h, void *data)
+{
+	*ctx_slot(&CL(h)->pctx, self) = data;
+}
+
+
+static void api_resume(lk_client *h, int rc)
+{
+	struct client *c = CL(h);
+	struct lk_event *ev = NULL;
+
+	if (c->lev && c->lev->async)
+		ev = c->lev;
+	else if (c->rev && c->rev->async)
+		ev = c->rev;
+	else if (c->qev && c->qev->async)
+		ev = c->qev;
+	if (!ev) {
+		/* resume() from inside the handler, before it returned LK_ASYNC */
+		struct lk_event *cand[3] = { c->lev, c->rev, c->qev };
+		for (int i = 0; i < 3; i++)
+			if (cand[i] && cand[i]->running) {
+				cand[i]->early = true;
+				cand[i]->early_rc = rc;
+				return;
+			}
+		log_warning("plugin resumed client %llu which is not waiting for a plugin", (unsigned long long)c->id);
+		return;
+	}
+	ev->async = false;
+	if (rc == LK_CONTINUE)
+		rc = chain_run(ev, ev->pos + 1);
+	else if (rc != LK_HANDLED) {
+		rc = LK_ERROR;
+		if (!ev->errmsg) {
+			snprintf(ev->sqlstate, sizeof(ev->sqlstate), "XX000");
+			set_str(&ev->errmsg, "plugin failed the request");
+		}
+	}
+	if (rc == LK_ASYNC)
+		return;
+	ev->rc = rc;
+	ev->decided = true;
+	client_hook_resumed(c, ev);
+}
+
+static void api_resume_error(lk_client *h, const char *sqlstate, const char *fmt, ...)
+{
+	struct client *c = CL(h);
+	struct lk_event *ev = c->lev && (c->lev->async || c->lev->running) ? c->lev :
+			      c->rev && (c->rev->async || c->rev->running) ? c->rev :
+			      c->qev && (c->qev->async || c->qev->running) ? c->qev : NULL;
+	va_list ap;
+
+	if (ev) {
+		va_start(ap, fmt);
+		vset_error(ev, sqlstate, fmt, ap);
+		va_end(ap);
+	}
+	api_resume(h, LK_ERROR);
+}
+
+static void api_client_close(lk_client *h, const char *sqlstate, const char *msg)
+{
+	struct client *c = CL(h);
+	if (sqlstate)
+		client_close(c, sqlstate, "%s", msg ? msg : "closed by a plugin");
+	else
+		client_close(c, NULL, "%s", msg ? msg : "closed by a plugin");
+}
+
+/* ================= servers ================= */
+
+static uint64_t api_server_id(lk_server *h)
+{
+	return SV(h)->id;
+}
+
+static const char *api_server_database(lk_server *h)
+{
+	return SV(h)->pool->db->name;
+}
+
+static const char *api_server_user(lk_server *h)
+{
+	return SV(h)->pool->login_user;
+}
+
+static int api_server_backend_pid(lk_server *h)
+{
+	return SV(h)->backend_pid;
+}
+
+static void *api_server_ctx(lk_plugin *self, lk_server *h)
+{
+	struct server *s = SV(h);
+	return s->pctx ? s->pctx[self->index] : NULL;
+}
+
+static void api_server_set_ctx(lk_plugin *self, lk_server *h, void *data)
+{
+	*ctx_slot(&SV(h)->pctx, self) = data;
+}
+
+/* ================= hooks run by the core ================= */
+
+static int run_client_event(struct lk_event **slot, struct client *c, enum lk_hook hook)
+{
+	struct lk_event *ev = hev_new(hook, c, NULL);
+	int rc;
+
+	*slot = ev;
+	rc = chain_run(ev, 0);
+	if (rc == LK_ASYNC)
+		return rc;
+	ev->rc = rc;
+	ev->decided = true;
+	return rc;
+}
+
+/* CLIENT_STARTUP: LK_ASYNC leaves c->lev pending; else the caller reads c->lev and frees it. */
+int plugin_client_startup(struct client *c)
+{
+	c->hooked = true;
+	return run_client_event(&c->lev, c, LK_HOOK_CLIENT_STARTUP);
+}
+
+/* AUTH_LOOKUP: LK_ASYNC leaves c->lev pending; plugin_event_take_secret() reads the answer. */
+int plugin_auth_lookup(struct client *c)
+{
+	return run_client_event(&c->lev, c, LK_HOOK_AUTH_LOOKUP);
+}
+
+char *plugin_event_take_secret(struct lk_event *ev)
+{
+	char *s = ev->secret;
+	ev->secret = NULL;
+	return s;
+}
+
+static const char *api_auth_user(lk_event *ev)
+{
+	return ev->c ? ev->c->user : NULL;
+}
+
+static void api_auth_set_secret(lk_event *ev, const char *secret)
+{
+	if (ev->hook != LK_HOOK_AUTH_LOOKUP)
+		return;
+	set_str(&ev->secret, secret);
+	ev->secret_set = true;
+}
+
+void plugin_txn_end(struct client *c, struct server *s)
+{
+	chain_notify(LK_HOOK_TXN_END, c, s);
+}
+
+void plugin_client_close(struct client *c)
+{
+	if (!c->hooked)
+		return;
+	c->hooked = false;
+	if (hook_on(LK_HOOK_CLIENT_CLOSE))
+		chain_notify(LK_HOOK_CLIENT_CLOSE, c, NULL);
+}
+
+void plugin_server_close(struct server *s)
+{
+	if (s->conn_req) {
+		s->conn_req->s = NULL;	/* the transport's late answer is dropped */
+		s->conn_req = NULL;
+	}
+	if (hook_on(LK_HOOK_SERVER_CLOSE))
+		chain_notify(LK_HOOK_SERVER_CLOSE, NULL, s);
+}
+
+void plugin_client_free(struct client *c)
+{
+	struct stmt_text *st, *next;
+
+	plugin_event_free(c->qev);
+	plugin_event_free(c->rev);
+	plugin_event_free(c->lev);
+	c->qev = c->rev = c->lev = NULL;
+	if (c->console_res) {
+		c->console_res->c = NULL;	/* the plugin still ends it with result_done() */
+		c->console_res = NULL;
+	}
+	for (st = c->stmts; st; st = next) {
+		next = st->next;
+		free(st->name);
+		free(st->sql);
+		free(st);
+	}
+	c->stmts = NULL;
+	free(c->pctx);
+	c->pctx = NULL;
+	free(c->startup);
+	c->startup = NULL;
+}
+
+void plugin_server_free(struct server *s)
+{
+	free(s->pctx);
+	s->pctx = NULL;
+}
+
+/* ================= QUERY ================= */
+
+static const char *lookup_stmt(struct client *c, const char *name)
+{
+	for (struct stmt_text *st = c->stmts; st; st = st->next)
+		if (strcmp(st->name, name) == 0)
+			return st->sql;
+	return NULL;
+}
+
+/* A Parse went to the server: remember its text for the QUERY hook of Binds. */
+void plugin_note_parse(struct client *c, const char *name, const char *sql)
+{
+	struct stmt_text *st, **pp;
+	int n = 0;
+
+	for (pp = &c->stmts; (st = *pp); pp = &st->next, n++) {
+		if (strcmp(st->name, name) == 0) {
+			set_str(&st->sql, sql);
+			return;
+		}
+	}
+	if (n >= 256) {		/* keep it bounded: drop the oldest (the list's tail) */
+		struct stmt_text **last = &c->stmts;
+		while ((*last)->next)
+			last = &(*last)->next;
+		free((*last)->name);
+		free((*last)->sql);
+		free(*last);
+		*last = NULL;
+	}
+	st = xcalloc(1, sizeof(*st));
+	st->name = xstrdup(name);
+	st->sql = xstrdup(sql);
+	st->next = c->stmts;
+	c->stmts = st;
+}
+
+static bool cstr(const uint8_t *b, uint32_t len, uint32_t *off, char **out)
+{
+	const uint8_t *nul;
+	if (*off >= len)
+		return false;
+	nul = memchr(b + *off, 0, len - *off);
+	if (!nul)
+		return false;
+	*out = (char *)b + *off;
+	*off = (uint32_t)(nul - b) + 1;
+	return true;
+}
+
+/* Parse a Q/P/B body into ev; false when malformed. */
+static bool parse_query(struct lk_event *ev, struct client *c)
+{
+	uint8_t *b = ev->body;
+	uint32_t len = ev->blen, off = 0;
+
+	switch (ev->qtype) {
+	case 'Q':
+		return cstr(b, len, &off, &ev->sql);
+	case 'P':
+		if (!cstr(b, len, &off, &ev->stmt) || !cstr(b, len, &off, &ev->sql) || off + 2 > len)
+			return false;
+		ev->nparams = pkt_get_u16(b + off);
+		off += 2;
+		ev->params_off = off;
+		return off + 4u * (uint32_t)ev->nparams <= len;
+	case 'B': {
+		int n;
+		if (!cstr(b, len, &off, &ev->portal) || !cstr(b, len, &off, &ev->stmt) || off + 2 > len)
+			return false;
+		ev->nfmts = pkt_get_u16(b + off);
+		off += 2;
+		ev->fmts_off = off;
+		off += 2u * (uint32_t)ev->nfmts;
+		if (off + 2 > len)
+			return false;
+		ev->nparams = pkt_get_u16(b + off);
+		off += 2;
+		ev->params_off = off;
+		if (ev->nfmts > 1 && ev->nfmts != ev->nparams)
+			return false;
+		for (n = 0; n < ev->nparams; n++) {
+			int32_t plen;
+			if (off + 4 > len)
+				return false;
+			plen = (int32_t)pkt_get_u32(b + off);
+			off += 4;
+			if (plen > 0) {
+				if ((uint32_t)plen > len - off)
+					return false;
+				off += (uint32_t)plen;
+			} else if (plen < -1) {
+				return false;
+			}
+		}
+		ev->tail_off = off;
+		if (off + 2 > len)
+			return false;
+		ev->bound_sql = lookup_stmt(c, ev->stmt);
+		return true;
+	}
+	default:
+		return false;
+	}
+}
+
+/*
+ * QUERY for one whole message (type byte, length, body). Returns LK_ASYNC
+ * (c->qev pending), or the decision (c->qev decided). -2: malformed (the
+ * client was closed).
+ */
+int plugin_query(struct client *c, const uint8_t *msg, uint32_t len)
+{
+	struct lk_event *ev = hev_new(LK_HOOK_QUERY, c, NULL);
+	int rc;
+
+	ev->qtype = (char)msg[0];
+	ev->blen = len - 4;
+	ev->body = malloc(ev->blen ? ev->blen : 1);
+	if (!ev->body) {
+		plugin_event_free(ev);
+		client_close(c, "53200", "out of memory");
+		return -2;
+	}
+	memcpy(ev->body, msg + 5, ev->blen);
+	if (!parse_query(ev, c)) {
+		plugin_event_free(ev);
+		client_close(c, "08P01", "invalid %s message", msg[0] == 'Q' ? "Query" : msg[0] == 'P' ? "Parse" : "Bind");
+		return -2;
+	}
+	c->qev = ev;
+	rc = chain_run(ev, 0);
+	if (rc == LK_ASYNC)
+		return rc;
+	ev->rc = rc;
+	ev->decided = true;
+	return rc;
+}
+
+static char api_query_type(lk_event *ev)
+{
+	return ev->hook == LK_HOOK_QUERY ? ev->qtype : 0;
+}
+
+static const char *api_query_sql(lk_event *ev)
+{
+	if (ev->hook != LK_HOOK_QUERY)
+		return NULL;
+	if (ev->new_sql)
+		return ev->new_sql;
+	return ev->qtype == 'B' ? ev->bound_sql : ev->sql;
+}
+
+static const char *api_query_statement(lk_event *ev)
+{
+	return ev->hook == LK_HOOK_QUERY ? ev->stmt : NULL;
+}
+
+static const char *api_query_portal(lk_event *ev)
+{
+	return ev->hook == LK_HOOK_QUERY ? ev->portal : NULL;
+}
+
+static int api_query_nparams(lk_event *ev)
+{
+	return ev->hook == LK_HOOK_QUERY ? ev->nparams : 0;
+}
+
+static const char *api_query_param(lk_event *ev, int i, int *len, int *format)
+{
+	uint32_t off;
+	int32_t plen = -1;
+
+	if (len)
+		*len = -1;
+	if (format)
+		*format = 0;
+	if (ev->hook != LK_HOOK_QUERY || ev->qtype != 'B' || i < 0 || i >= ev->nparams)
+		return NULL;
+	if (ev->param_set && ev->param_set[i]) {
+		if (ev->new_params[i] && len)
+			*len = (int)strlen(ev->new_params[i]);
+		return ev->new_params[i];
+	}
+	if (format && ev->nfmts > 0)
+		*format = pkt_get_u16(ev->body + ev->fmts_off + 2u * (uint32_t)(ev->nfmts == 1 ? 0 : i));
+	off = ev->params_off;
+	for (int n = 0; n <= i; n++) {
+		plen = (int32_t)pkt_get_u32(ev->body + off);
+		off += 4;
+		if (n < i && plen > 0)
+			off += (uint32_t)plen;
+	}
+	if (plen < 0)
+		return NULL;
+	if (len)
+		*len = plen;
+	return (const char *)ev->body + off;
+}
+
+static uint32_t api_query_param_type(lk_event *ev, int i)
+{
+	if (ev->hook != LK_HOOK_QUERY || ev->qtype != 'P' || i < 0 || i >= ev->nparams)
+		return 0;
+	return pkt_get_u32(ev->body + ev->params_off + 4u * (uint32_t)i);
+}
+
+static int api_query_rewrite(lk_event *ev, const char *sql)
+{
+	if (ev->hook != LK_HOOK_QUERY || (ev->qtype != 'Q' && ev->qtype != 'P') || !sql)
+		return -1;
+	set_str(&ev->new_sql, sql);
+	return 0;
+}
+
+static int api_query_set_param(lk_event *ev, int i, const char *value)
+{
+	if (ev->hook != LK_HOOK_QUERY || ev->qtype != 'B' || i < 0 || i >= ev->nparams)
+		return -1;
+	if (!ev->new_params) {
+		ev->new_params = xcalloc((size_t)ev->nparams, sizeof(char *));
+		ev->param_set = xcalloc((size_t)ev->nparams, sizeof(bool));
+	}
+	set_str(&ev->new_params[i], value);
+	ev->param_set[i] = true;
+	return 0;
+}
+
+static int api_query_prefix(lk_event *ev, const char *sql)
+{
+	char **v;
+	if (ev->hook != LK_HOOK_QUERY || !sql)
+		return -1;
+	v = realloc(ev->prefix, sizeof(*v) * (size_t)(ev->n_prefix + 1));
+	if (!v)
+		return -1;
+	ev->prefix = v;
+	v[ev->n_prefix++] = xstrdup(sql);
+	return 0;
+}
+
+static int set_route(lk_event *ev, const char *dbname)
+{
+	struct client *c = ev->c;
+	struct lk_db *db;
+
+	if (!c || !dbname || admin_is_dbname(dbname))
+		return -1;
+	db = db_lookup(dbname, true);
+	if (!db || db->removed)
+		return -1;
+	if (c->link && c->link->pool->db != db)
+		return -1;	/* it holds a server of another pool (a transaction, or session mode) */
+	set_str(&ev->route, dbname);
+	return 0;
+}
+
+static int api_query_route(lk_event *ev, const char *dbname)
+{
+	if (ev->hook != LK_HOOK_QUERY)
+		return -1;
+	return set_route(ev, dbname);
+}
+
+static int api_route_set(lk_event *ev, const char *dbname)
+{
+	if (ev->hook != LK_HOOK_ROUTE)
+		return -1;
+	return set_route(ev, dbname);
+}
+
+static struct lk_result *result_new(struct client *c, bool console)
+{
+	struct lk_result *res = xcalloc(1, sizeof(*res));
+	res->c = c;
+	res->console = console;
+	pkt_init(&res->pb);
+	return res;
+}
+
+static lk_result *api_query_result(lk_event *ev)
+{
+	if (ev->hook != LK_HOOK_QUERY)
+		return NULL;
+	if (!ev->res)
+		ev->res = result_new(ev->c, false);
+	return ev->res;
+}
+
+char **plugin_query_prefixes(struct lk_event *ev, int *n)
+{
+	*n = ev->n_prefix;
+	return ev->prefix;
+}
+
+enum lk_hook plugin_event_hook(const struct lk_event *ev)
+{
+	return ev->hook;
+}
+
+/* The message to send for a decided QUERY with LK_CONTINUE: rebuilt in pb when it changed (true). */
+bool plugin_query_build(struct client *c, struct lk_event *ev, struct pktbuf *pb)
+{
+	bool changed = false;
+	switch (ev->qtype) {
+	case 'Q':
+		if (ev->new_sql) {
+			pkt_query(pb, ev->new_sql);
+			changed = true;
+		}
+		break;
+	case 'P':
+		if (ev->new_sql) {
+			pkt_begin(pb, 'P');
+			pkt_put_string(pb, ev->stmt);
+			pkt_put_string(pb, ev->new_sql);
+			pkt_put_bytes(pb, ev->body + ev->params_off - 2, 2 + 4u * (uint32_t)ev->nparams);
+			pkt_end(pb);
+			changed = true;
+		}
+		plugin_note_parse(c, ev->stmt, ev->new_sql ? ev->new_sql : ev->sql);
+		break;
+	case 'B':
+		if (ev->param_set) {
+			pkt_begin(pb, 'B');
+			pkt_put_string(pb, ev->portal);
+			pkt_put_string(pb, ev->stmt);
+			pkt_put_int16(pb, (int16_t)ev->nparams);
+			for (int i = 0; i < ev->nparams; i++) {
+				int fmt = 0;
+				if (!ev->param_set[i] && ev->nfmts > 0)
+					fmt = pkt_get_u16(ev->body + ev->fmts_off + 2u * (uint32_t)(ev->nfmts == 1 ? 0 : i));
+				pkt_put_int16(pb, (int16_t)fmt);
+			}
+			pkt_put_int16(pb, (int16_t)ev->nparams);
+			for (int i = 0; i < ev->nparams; i++) {
+				int plen;
+				const char *v = api_query_param(ev, i, &plen, NULL);
+				pkt_put_int32(pb, v ? plen : -1);
+				if (v && plen > 0)
+					pkt_put_bytes(pb, v, (size_t)plen);
+			}
+			pkt_put_bytes(pb, ev->body + ev->tail_off, ev->blen - ev->tail_off);
+			pkt_end(pb);
+			changed = true;
+		}
+		break;
+	default:
+		break;
+	}
+	return changed;
+}
+
+/* LK_HANDLED: the plugin's answer, then what the protocol needs after it. */
+void plugin_query_answer(struct client *c, struct lk_event *ev, char status)
+{
+	struct pktbuf *pb = &rt->pb;
+	struct lk_result *res = ev->res;
+
+	if (ev->qtype == 'Q') {
+		if (res) {
+			if (!res->complete && !res->failed) {
+				char tag[32];
+				snprintf(tag, sizeof(tag), "SELECT %d", res->nrows);
+				pkt_command_complete(&res->pb, tag);
+			}
+			pkt_send(&res->pb, bufferevent_get_output(c->bev));
+		} else {
+			pkt_begin(pb, 'I');	/* EmptyQueryResponse */
+			pkt_end(pb);
+		}
+		pkt_ready(pb, status);
+	} else {
+		pkt_begin(pb, ev->qtype == 'P' ? '1' : '2');
+		pkt_end(pb);
+	}
+	pkt_send(pb, bufferevent_get_output(c->bev));
+}
+
+/* ================= ROUTE ================= */
+
+/* Returns LK_ASYNC (c->rev pending) or the decision (c->rev decided). */
+int plugin_route(struct client *c)
+{
+	return run_client_event(&c->rev, c, LK_HOOK_ROUTE);
+}
+
+/* ================= replies ================= */
+
+static int api_result_columns(lk_result *res, int n, const char *const *names, const uint32_t *types)
+{
+	if (res->columns || res->failed || n <= 0 || n > 1600)
+		return -1;
+	pkt_begin(&res->pb, 'T');
+	pkt_put_int16(&res->pb, (int16_t)n);
+	for (int i = 0; i < n; i++) {
+		uint32_t t = types ? types[i] : LK_TYPE_TEXT;
+		int16_t size = t == LK_TYPE_INT8 ? 8 : t == LK_TYPE_INT4 ? 4 : t == LK_TYPE_BOOL ? 1 : -1;
+		pkt_put_string(&res->pb, names[i] ? names[i] : "?column?");
+		pkt_put_int32(&res->pb, 0);
+		pkt_put_int16(&res->pb, 0);
+		pkt_put_int32(&res->pb, (int32_t)t);
+		pkt_put_int16(&res->pb, size);
+		pkt_put_int32(&res->pb, -1);
+		pkt_put_int16(&res->pb, 0);
+	}
+	pkt_end(&res->pb);
+	res->columns = true;
+	res->ncols = n;
+	return 0;
+}
+
+static int api_result_row(lk_result *res, const char *const *values)
+{
+	if (!res->columns || res->failed || res->complete)
+		return -1;
+	pkt_data_row(&res->pb, res->ncols, values);
+	res->nrows++;
+	return 0;
+}
+
+static int api_result_notice(lk_result *res, const char *msg)
+{
+	if (res->failed)
+		return -1;
+	pkt_notice(&res->pb, "00000", msg);
+	return 0;
+}
+
+static int api_result_complete(lk_result *res, const char *tag)
+{
+	char buf[32];
+	if (res->failed || res->complete)
+		return -1;
+	if (!tag) {
+		if (res->console) {
+			tag = "SHOW";
+		} else {
+			snprintf(buf, sizeof(buf), "SELECT %d", res->nrows);
+			tag = buf;
+		}
+	}
+	pkt_command_complete(&res->pb, tag);
+	res->complete = true;
+	return 0;
+}
+
+static int api_result_error(lk_result *res, const char *sqlstate, const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	pkt_reset(&res->pb);
+	pkt_error(&res->pb, "ERROR", sqlstate && strlen(sqlstate) == 5 ? sqlstate : "XX000", msg, NULL);
+	res->failed = true;
+	return LK_ERROR;
+}
+
+/* Send a console result and ReadyForQuery; free it. */
+static void console_finish(struct lk_result *res)
+{
+	struct client *c = res->c;
+
+	if (c && !c->closing && c->bev) {
+		if (!res->failed && !res->complete)
+			api_result_complete(res, NULL);
+		pkt_ready(&res->pb, 'I');
+		pkt_send(&res->pb, bufferevent_get_output(c->bev));
+		if (c->console_res == res)
+			c->console_res = NULL;
+		result_free(res);
+		client_resume(c);
+		return;
+	}
+	result_free(res);
+}
+
+static void api_result_done(lk_result *res)
+{
+	if (!res || !res->console || !res->async)
+		return;
+	res->async = false;
+	console_finish(res);
+}
+
+/* ================= console ================= */
+
+static const char *word_end(const char *p)
+{
+	while (*p && !isspace((unsigned char)*p) && *p != ';')
+		p++;
+	return p;
+}
+
+static const char *skip_space(const char *p)
+{
+	while (*p && isspace((unsigned char)*p))
+		p++;
+	return p;
+}
+
+/* Does `query` start with the words of `name`? Returns the rest or NULL. */
+static const char *match_words(const char *query, const char *name)
+{
+	const char *q = skip_space(query), *n = name;
+
+	while (*n) {
+		const char *qe = word_end(q), *ne = n;
+		while (*ne && *ne != ' ')
+			ne++;
+		if ((size_t)(qe - q) != (size_t)(ne - n) || strncasecmp(q, n, (size_t)(ne - n)) != 0)
+			return NULL;
+		q = skip_space(qe);
+		n = *ne ? ne + 1 : ne;
+	}
+	return q;
+}
+
+bool plugin_console_name_taken(const char *name)
+{
+	for (int i = 0; i < P.n_cmds; i++)
+		if (strcasecmp(P.cmds[i].name, name) == 0)
+			return true;
+	return false;
+}
+
+static int api_console_register(lk_plugin *self, const char *name, int admin_only, lk_console_fn fn, const char *doc)
+{
+	struct console_cmd *v;
+	char norm[128];
+	size_t n = 0;
+	int words = 0;
+	const char *p = skip_space(name ? name : "");
+
+	if (!fn)
+		return -1;
+	while (*p && n < sizeof(norm) - 2) {
+		const char *e = word_end(p);
+		if (e == p)
+			return -1;
+		if (n)
+			norm[n++] = ' ';
+		for (; p < e && n < sizeof(norm) - 1; p++)
+			norm[n++] = (char)toupper((unsigned char)*p);
+		p = skip_space(p);
+		words++;
+	}
+	norm[n] = 0;
+	if (words < 1 || words > 2 || plugin_console_name_taken(norm) || admin_is_core_command(norm))
+		return -1;
+	v = realloc(P.cmds, sizeof(*v) * (size_t)(P.n_cmds + 1));
+	if (!v)
+		return -1;
+	P.cmds = v;
+	v = &v[P.n_cmds++];
+	v->name = xstrdup(norm);
+	v->pl = self;
+	v->fn = fn;
+	v->admin_only = admin_only != 0;
+	v->doc = doc ? xstrdup(doc) : NULL;
+	return 0;
+}
+
+bool plugin_console(struct client *c, const char *query)
+{
+	const struct console_cmd *best = NULL;
+	const char *args = NULL;
+	size_t best_len = 0;
+
+	for (int i = 0; i < P.n_cmds; i++) {
+		const char *rest = match_words(query, P.cmds[i].name);
+		if (rest && strlen(P.cmds[i].name) > best_len) {
+			best = &P.cmds[i];
+			best_len = strlen(best->name);
+			args = rest;
+		}
+	}
+	if (!best)
+		return false;
+	{
+		char *a = xstrdup(args);
+		size_t n = strlen(a);
+		struct lk_result *res = result_new(c, true);
+		int rc;
+		while (n > 0 && (isspace((unsigned char)a[n - 1]) || a[n - 1] == ';'))
+			a[--n] = 0;
+		if (best->admin_only && !c->admin_full) {
+			api_result_error(res, "42501", "admin access needed");
+			console_finish(res);
+			free(a);
+			return true;
+		}
+		rc = best->fn(best->pl, res, a);
+		free(a);
+		if (rc == LK_ASYNC && !res->failed) {
+			res->async = true;
+			c->console_res = res;
+			return true;
+		}
+		if (rc == LK_ERROR && !res->failed)
+			api_result_error(res, "XX000", "plugin %s failed the command", best->pl->name);
+		console_finish(res);
+	}
+	return true;
+}
+
+void plugin_console_help(char *buf, size_t len)
+{
+	for (int i = 0; i < P.n_cmds; i++) {
+		size_t n = strlen(buf);
+		snprintf(buf + n, len - n, "; %s", P.cmds[i].name);
+	}
+}
+
+void plugin_show_plugins(struct pktbuf *pb)
+{
+	for (int i = 0; i < rt->n_plugins; i++) {
+		struct lk_plugin *pl = rt->plugins[i];
+		char abi[32], hooks[256] = "", transports[256] = "", cmds[512] = "";
+		const char *v[8];
+		snprintf(abi, sizeof(abi), "%u.%u", pl->desc->abi_major, pl->desc->abi_minor);
+		for (int h = 0; h < LK_HOOK_COUNT; h++)
+			if (pl->hooks & (1u << h)) {
+				size_t n = strlen(hooks);
+				snprintf(hooks + n, sizeof(hooks) - n, "%s%s", n ? "," : "", hook_names[h]);
+			}
+		for (int t = 0; t < P.n_transports; t++)
+			if (P.transports[t].pl == pl) {
+				size_t n = strlen(transports);
+				snprintf(transports + n, sizeof(transports) - n, "%s%s", n ? "," : "", P.transports[t].name);
+			}
+		for (int k = 0; k < P.n_cmds; k++)
+			if (P.cmds[k].pl == pl) {
+				size_t n = strlen(cmds);
+				snprintf(cmds + n, sizeof(cmds) - n, "%s%s", n ? "," : "", P.cmds[k].name);
+			}
+		v[0] = pl->name;
+		v[1] = pl->desc->version ? pl->desc->version : "";
+		v[2] = abi;
+		v[3] = pl->path;
+		v[4] = hooks;
+		v[5] = transports;
+		v[6] = cmds;
+		v[7] = "loaded";
+		pkt_data_row(pb, 8, v);
+	}
+}
+
+/* ================= transports ================= */
+
+static struct transport *transport_find(const char *name)
+{
+	for (int i = 0; i < P.n_transports; i++)
+		if (strcmp(P.transports[i].name, name) == 0)
+			return &P.transports[i];
+	return NULL;
+}
+
+bool plugin_transport_exists(const char *name)
+{
+	return transport_find(name) != NULL;
+}
+
+static int api_transport_register(lk_plugin *self, const char *name, lk_transport_fn fn)
+{
+	struct transport *v;
+	if (!name || !*name || !fn || transport_find(name) || strcmp(name, "tcp") == 0)
+		return -1;
+	v = realloc(P.transports, sizeof(*v) * (size_t)(P.n_transports + 1));
+	if (!v)
+		return -1;
+	P.transports = v;
+	v = &v[P.n_transports++];
+	v->name = xstrdup(name);
+	v->pl = self;
+	v->fn = fn;
+	return 0;
+}
+
+static void connect_free(struct lk_connect *req)
+{
+	if (req->is_cancel) {
+		struct lk_connect **pp;
+		for (pp = &P.cancels; *pp; pp = &(*pp)->next)
+			if (*pp == req) {
+				*pp = req->next;
+				break;
+			}
+	}
+	free(req->host);
+	free(req->dbname);
+	free(req->database);
+	free(req);
+}
+
+static struct lk_connect *connect_new(struct transport *t, struct lk_db *db)
+{
+	struct lk_connect *req = xcalloc(1, sizeof(*req));
+	req->t = t;
+	req->db = db;
+	req->host = db->conf.host ? xstrdup(db->conf.host) : NULL;
+	req->port = db->conf.port > 0 ? db->conf.port : 5432;
+	req->dbname = xstrdup(db->conf.dbname ? db->conf.dbname : db->name);
+	req->database = xstrdup(db->name);
+	return req;
+}
+
+/* Call the transport; the request may be answered (and freed) inside. */
+static void connect_call(struct lk_connect *req)
+{
+	int rc;
+	req->in_call = true;
+	rc = req->t->fn(req->t->pl, req);
+	req->in_call = false;
+	if (req->done) {
+		connect_free(req);
+		return;
+	}
+	if (rc == LK_ASYNC)
+		return;
+	/* LK_ERROR without connect_failed(), or LK_HANDLED without connect_ready() */
+	if (req->s) {
+		struct server *s = req->s;
+		s->conn_req = NULL;
+		server_transport_failed(s, rc == LK_ERROR ? "the transport failed" : "the transport gave no connection");
+	}
+	connect_free(req);
+}
+
+/* A server of a pool whose database has transport=NAME: ask the plugin. */
+bool plugin_transport_connect(struct server *s)
+{
+	struct transport *t = transport_find(s->pool->db->conf.transport);
+	struct lk_connect *req;
+
+	if (!t) {
+		server_transport_failed(s, "no plugin provides this transport");
+		return false;
+	}
+	req = connect_new(t, s->pool->db);
+	req->s = s;
+	s->conn_req = req;
+	connect_call(req);
+	return true;
+}
+
+bool plugin_transport_cancel(struct server *s, const uint8_t *pkt16)
+{
+	struct transport *t = transport_find(s->pool->db->conf.transport);
+	struct lk_connect *req;
+
+	if (!t)
+		return false;
+	req = connect_new(t, s->pool->db);
+	req->is_cancel = true;
+	memcpy(req->cancel, pkt16, 16);
+	req->next = P.cancels;
+	P.cancels = req;
+	connect_call(req);
+	return true;
+}
+
+static const char *api_connect_host(lk_connect *req)
+{
+	return req->host;
+}
+
+static int api_connect_port(lk_connect *req)
+{
+	return req->port;
+}
+
+static const char *api_connect_dbname(lk_connect *req)
+{
+	return req->dbname;
+}
+
+static const char *api_connect_database(lk_connect *req)
+{
+	return req->database;
+}
+
+static int api_connect_is_cancel(lk_connect *req)
+{
+	return req->is_cancel;
+}
+
+static lk_server *api_connect_server(lk_connect *req)
+{
+	return (lk_server *)req->s;
+}
+
+static void connect_answered(struct lk_connect *req)
+{
+	req->done = true;
+	if (!req->in_call)
+		connect_free(req);
+}
+
+static void api_connect_ready(lk_connect *req, int fd)
+{
+	if (!req || req->done)
+		return;
+	if (req->is_cancel) {
+		server_cancel_fd(req->cancel, fd);
+	} else if (req->s) {
+		struct server *s = req->s;
+		s->conn_req = NULL;
+		req->s = NULL;
+		server_transport_ready(s, fd);
+	} else {
+		close(fd);	/* its server is gone */
+	}
+	connect_answered(req);
+}
+
+static void api_connect_failed(lk_connect *req, const char *msg)
+{
+	if (!req || req->done)
+		return;
+	if (req->s) {
+		struct server *s = req->s;
+		s->conn_req = NULL;
+		req->s = NULL;
+		server_transport_failed(s, msg ? msg : "the transport could not connect");
+	}
+	connect_answered(req);
+}
+
+/* ================= services ================= */
+
+static int api_service_publish(lk_plugin *self, const char *name, const void *table)
+{
+	struct service *v;
+	if (!name || !*name || !table)
+		return -1;
+	for (int i = 0; i < P.n_services; i++)
+		if (strcmp(P.services[i].name, name) == 0)
+			return -1;
+	v = realloc(P.services, sizeof(*v) * (size_t)(P.n_services + 1));
+	if (!v)
+		return -1;
+	P.services = v;
+	v = &v[P.n_services++];
+	v->name = xstrdup(name);
+	v->table = table;
+	v->pl = self;
+	return 0;
+}
+
+static const void *api_service_lookup(const char *name)
+{
+	for (int i = 0; name && i < P.n_services; i++)
+		if (strcmp(P.services[i].name, name) == 0)
+			return P.services[i].table;
+	return NULL;
+}
+
+/* ================= the loop ================= */
+
+static struct event_base *api_event_base(void)
+{
+	return rt->base;
+}
+
+static uint64_t api_now_usec(void)
+{
+	return (uint64_t)now_mono();
+}
+
+static void timer_free(struct lk_timer *t)
+{
+	LIST_REMOVE(t, entry);
+	event_free(t->ev);
+	free(t);
+}
+
+static void timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct lk_timer *t = arg;
+	(void)fd;
+	(void)what;
+	rt->now = now_mono();
+	if (t->repeat) {
+		t->fn(t->pl, t->arg);
+	} else {
+		lk_timer_fn fn = t->fn;
+		struct lk_plugin *pl = t->pl;
+		void *a = t->arg;
+		timer_free(t);
+		fn(pl, a);
+	}
+}
+
+static lk_timer *api_timer_add(lk_plugin *self, uint64_t usec, int repeat, lk_timer_fn fn, void *arg)
+{
+	struct lk_timer *t;
+	struct timeval tv = { (time_t)(usec / 1000000), (suseconds_t)(usec % 1000000) };
+
+	if (!fn || !rt->base)
+		return NULL;
+	t = xcalloc(1, sizeof(*t));
+	t->ev = event_new(rt->base, -1, repeat ? EV_PERSIST : 0, timer_cb, t);
+	if (!t->ev) {
+		free(t);
+		return NULL;
+	}
+	t->pl = self;
+	t->fn = fn;
+	t->arg = arg;
+	t->repeat = repeat != 0;
+	LIST_INSERT_HEAD(&P.timers, t, entry);
+	event_add(t->ev, &tv);
+	return t;
+}
+
+static void api_timer_cancel(lk_timer *t)
+{
+	if (t)
+		timer_free(t);
+}
+
+/* ================= libpq on the loop ================= */
+
+static void pg_arm(struct lk_pg *pg, short what);
+
+static void pg_cb_free(struct pg_cb *q)
+{
+	for (int i = 0; i < q->nparams; i++)
+		free(q->params[i]);
+	free(q->params);
+	free(q->sql);
+	free(q);
+}
+
+/* The connection broke: fail every pending query, then tell the owner (inside pg_io only). */
+static void pg_broken(struct lk_pg *pg, const char *why)
+{
+	char msg[512];
+	struct pg_cb *q;
+
+	snprintf(msg, sizeof(msg), "%s", why ? why : (pg->conn ? PQerrorMessage(pg->conn) : "connection failed"));
+	for (size_t n = strlen(msg); n > 0 && msg[n - 1] == '\n'; n--)
+		msg[n - 1] = 0;
+	pg->closed = true;
+	if (pg->ev) {
+		event_free(pg->ev);
+		pg->ev = NULL;
+	}
+	if (pg->last) {
+		PQclear(pg->last);
+		pg->last = NULL;
+	}
+	while ((q = pg->head)) {
+		pg->head = q->next;
+		if (!pg->head)
+			pg->tail = NULL;
+		if (q->fn)
+			q->fn(pg->pl, pg, NULL, q->arg);
+		pg_cb_free(q);
+		if (pg->free_me)
+			return;	/* closed from the callback */
+	}
+	if (pg->state_fn)
+		pg->state_fn(pg->pl, pg, 0, msg, pg->state_arg);
+}
+
+static bool pg_send_next(struct lk_pg *pg)
+{
+	struct pg_cb *q = pg->head;
+	int rc;
+
+	if (!q || q->sent || pg->connecting || pg->closed)
+		return true;
+	if (q->nparams > 0)
+		rc = PQsendQueryParams(pg->conn, q->sql, q->nparams, NULL, (const char *const *)q->params, NULL, NULL, 0);
+	else
+		rc = PQsendQuery(pg->conn, q->sql);
+	if (!rc)
+		return false;
+	q->sent = true;
+	return true;
+}
+
+static void pg_free(struct lk_pg *pg)
+{
+	free(pg);
+}
+
+/* Every libpq callback of a plugin runs from here. */
+static void pg_io(evutil_socket_t fd, short what, void *arg)
+{
+	struct lk_pg *pg = arg;
+	(void)fd;
+
+	rt->now = now_mono();
+	pg->in_cb++;
+	if (pg->connecting) {
+		PostgresPollingStatusType st;
+		if (!pg->conn || PQstatus(pg->conn) == CONNECTION_BAD) {
+			pg_broken(pg, pg->conn ? NULL : "out of memory");
+			goto out;
+		}
+		st = PQconnectPoll(pg->conn);
+		if (st == PGRES_POLLING_FAILED) {
+			pg_broken(pg, NULL);
+			goto out;
+		}
+		if (st == PGRES_POLLING_OK) {
+			pg->connecting = false;
+			PQsetnonblocking(pg->conn, 1);
+			if (pg->state_fn)
+				pg->state_fn(pg->pl, pg, 1, NULL, pg->state_arg);
+			if (!pg->free_me && !pg->closed)
+				pg_arm(pg, pg->head ? EV_READ | EV_WRITE : EV_READ);
+			goto out;
+		}
+		pg_arm(pg, st == PGRES_POLLING_READING ? EV_READ : EV_WRITE);
+		goto out;
+	}
+	if (pg->closed)
+		goto out;
+	if (what & EV_WRITE) {
+		int f;
+		if (!pg_send_next(pg)) {
+			pg_broken(pg, NULL);
+			goto out;
+		}
+		f = PQflush(pg->conn);
+		if (f < 0) {
+			pg_broken(pg, NULL);
+			goto out;
+		}
+		pg_arm(pg, f ? EV_READ | EV_WRITE : EV_READ);
+	}
+	if (what & EV_READ) {
+		PGnotify *n;
+		if (!PQconsumeInput(pg->conn)) {
+			pg_broken(pg, NULL);
+			goto out;
+		}
+		while (pg->head && pg->head->sent && !PQisBusy(pg->conn)) {
+			PGresult *r = PQgetResult(pg->conn);
+			struct pg_cb *q;
+			PGresult *last;
+			if (r) {
+				if (pg->last)
+					PQclear(pg->last);
+				pg->last = r;
+				continue;
+			}
+			q = pg->head;
+			last = pg->last;
+			pg->last = NULL;
+			pg->head = q->next;
+			if (!pg->head)
+				pg->tail = NULL;
+			if (q->fn)
+				q->fn(pg->pl, pg, last, q->arg);
+			if (last)
+				PQclear(last);
+			pg_cb_free(q);
+			if (pg->free_me || pg->closed)
+				goto out;
+			if (pg->head) {
+				pg_arm(pg, EV_READ | EV_WRITE);	/* the next query goes out from the write side */
+				break;
+			}
+		}
+		while (!pg->free_me && !pg->closed && (n = PQnotifies(pg->conn))) {
+			if (pg->notify_fn)
+				pg->notify_fn(pg->pl, pg, n->relname, n->extra, pg->notify_arg);
+			PQfreemem(n);
+		}
+		if (!pg->free_me && !pg->closed && PQstatus(pg->conn) == CONNECTION_BAD)
+			pg_broken(pg, NULL);
+	}
+out:
+	pg->in_cb--;
+	if (pg->free_me && pg->in_cb == 0)
+		pg_free(pg);
+}
+
+static void pg_arm(struct lk_pg *pg, short what)
+{
+	int fd = PQsocket(pg->conn);
+
+	if (pg->ev) {
+		event_free(pg->ev);
+		pg->ev = NULL;
+	}
+	if (fd < 0)
+		return;
+	pg->ev = event_new(rt->base, fd, what | EV_PERSIST, pg_io, pg);
+	if (pg->ev)
+		event_add(pg->ev, NULL);
+}
+
+static lk_pg *api_pg_connect(lk_plugin *self, const char *conninfo, lk_pg_state_fn fn, void *arg)
+{
+	struct lk_pg *pg;
+
+	if (!conninfo || !rt->base)
+		return NULL;
+	pg = xcalloc(1, sizeof(*pg));
+	pg->pl = self;
+	pg->state_fn = fn;
+	pg->state_arg = arg;
+	pg->conn = PQconnectStart(conninfo);
+	LIST_INSERT_HEAD(&P.pgs, pg, entry);
+	if (!pg->conn || PQstatus(pg->conn) == CONNECTION_BAD) {
+		/* reported from the loop, not from inside the caller */
+		struct timeval zero = { 0, 0 };
+		pg->connecting = true;
+		pg->ev = event_new(rt->base, -1, 0, pg_io, pg);
+		if (pg->ev)
+			event_add(pg->ev, &zero);
+		return pg;
+	}
+	pg->connecting = true;
+	pg_arm(pg, EV_WRITE);
+	return pg;
+}
+
+static int api_pg_query(lk_pg *pg, const char *sql, int nparams, const char *const *params, lk_pg_result_fn fn, void *arg)
+{
+	struct pg_cb *q;
+
+	if (!pg || !sql || pg->closed || nparams < 0)
+		return -1;
+	q = xcalloc(1, sizeof(*q));
+	q->sql = xstrdup(sql);
+	q->nparams = nparams;
+	if (nparams > 0) {
+		q->params = xcalloc((size_t)nparams, sizeof(char *));
+		for (int i = 0; i < nparams; i++)
+			q->params[i] = params && params[i] ? xstrdup(params[i]) : NULL;
+	}
+	q->fn = fn;
+	q->arg = arg;
+	if (pg->tail)
+		pg->tail->next = q;
+	else
+		pg->head = q;
+	pg->tail = q;
+	if (pg->head == q && !pg->connecting)
+		pg_arm(pg, EV_READ | EV_WRITE);	/* sent from pg_io, where callbacks may run */
+	return 0;
+}
+
+static void api_pg_on_notify(lk_pg *pg, lk_pg_notify_fn fn, void *arg)
+{
+	if (!pg)
+		return;
+	pg->notify_fn = fn;
+	pg->notify_arg = arg;
+}
+
+static struct pg_conn *api_pg_conn(lk_pg *pg)
+{
+	return pg ? pg->conn : NULL;
+}
+
+static void api_pg_close(lk_pg *pg)
+{
+	struct pg_cb *q;
+
+	if (!pg)
+		return;
+	LIST_REMOVE(pg, entry);
+	if (pg->ev)
+		event_free(pg->ev);
+	while ((q = pg->head)) {
+		pg->head = q->next;
+		pg_cb_free(q);
+	}
+	if (pg->last)
+		PQclear(pg->last);
+	pg->head = pg->tail = NULL;
+	pg->last = NULL;
+	pg->ev = NULL;
+	if (pg->conn)
+		PQfinish(pg->conn);
+	pg->conn = NULL;
+	pg->closed = true;
+	if (pg->in_cb)
+		pg->free_me = true;
+	else
+		pg_free(pg);
+}
+
+/* ================= teardown ================= */
+
+void plugins_fini(void)
+{
+	for (int i = rt->n_plugins - 1; i >= 0; i--)
+		if (rt->plugins[i]->desc->fini)
+			rt->plugins[i]->desc->fini(rt->plugins[i]);
+	while (!LIST_EMPTY(&P.timers))
+		timer_free(LIST_FIRST(&P.timers));
+	while (!LIST_EMPTY(&P.pgs))
+		api_pg_close(LIST_FIRST(&P.pgs));
+	while (P.cancels)
+		connect_free(P.cancels);
+	for (int h = 0; h < LK_HOOK_COUNT; h++) {
+		free(rt->hooks[h].v);
+		rt->hooks[h].v = NULL;
+		rt->hooks[h].n = 0;
+	}
+	for (int i = 0; i < P.n_transports; i++)
+		free(P.transports[i].name);
+	free(P.transports);
+	for (int i = 0; i < P.n_services; i++)
+		free(P.services[i].name);
+	free(P.services);
+	for (int i = 0; i < P.n_cmds; i++) {
+		free(P.cmds[i].name);
+		free(P.cmds[i].doc);
+	}
+	free(P.cmds);
+	memset(&P, 0, sizeof(P));
+	for (int i = 0; i < rt->n_plugins; i++) {
+		struct lk_plugin *pl = rt->plugins[i];
+		for (int j = 0; j < pl->n_settings; j++) {
+			free(pl->settings[j].key);
+			free(pl->settings[j].def);
+			free(pl->settings[j].doc);
+			free(pl->settings[j].value);
+			free(pl->settings[j].pending);
+		}
+		free(pl->settings);
+		free(pl->name);
+		free(pl->path);
+		free(pl->init_err);
+		free(pl);	/* the shared object stays loaded: plugins are never unloaded */
+	}
+	free(rt->plugins);
+	rt->plugins = NULL;
+	rt->n_plugins = 0;
+}
+
+/* ================= the table ================= */
+
+static const struct lk_api api_table = {
+	.size = sizeof(struct lk_api),
+	.abi_major = LK_ABI_MAJOR,
+	.abi_minor = LK_ABI_MINOR,
+	.core_version = LOKADB_VERSION,
+	.log = api_log,
+	.init_error = api_init_error,
+	.set_data = api_set_data,
+	.get_data = api_get_data,
+	.plugin_name = api_plugin_name,
+	.hook = api_hook,
+	.config_declare = api_config_declare,
+	.config_get = api_config_get,
+	.config_error = api_config_error,
+	.config_reloading = api_config_reloading,
+	.setting = api_setting,
+	.ev_hook = api_ev_hook,
+	.ev_client = api_ev_client,
+	.ev_server = api_ev_server,
+	.fail = api_fail,
+	.client_id = api_client_id,
+	.client_user = api_client_user,
+	.client_database = api_client_database,
+	.client_param = api_client_param,
+	.client_addr = api_client_addr,
+	.client_set_database = api_client_set_database,
+	.client_set_user = api_client_set_user,
+	.client_watch_queries = api_client_watch_queries,
+	.client_pool_database = api_client_pool_database,
+	.client_in_transaction = api_client_in_transaction,
+	.client_ctx = api_client_ctx,
+	.client_set_ctx = api_client_set_ctx,
+	.resume = api_resume,
+	.resume_error = api_resume_error,
+	.client_close = api_client_close,
+	.server_id = api_server_id,
+	.server_database = api_server_database,
+	.server_user = api_server_user,
+	.server_backend_pid = api_server_backend_pid,
+	.server_ctx = api_server_ctx,
+	.server_set_ctx = api_server_set_ctx,
+	.auth_user = api_auth_user,
+	.auth_set_secret = api_auth_set_secret,
+	.query_type = api_query_type,
+	.query_sql = api_query_sql,
+	.query_statement = api_query_statement,
+	.query_portal = api_query_portal,
+	.query_nparams = api_query_nparams,
+	.query_param = api_query_param,
+	.query_param_type = api_query_param_type,
+	.query_rewrite = api_query_rewrite,
+	.query_set_param = api_query_set_param,
+	.query_prefix = api_query_prefix,
+	.query_route = api_query_route,
+	.query_result = api_query_result,
+	.route_set = api_route_set,
+	.result_columns = api_result_columns,
+	.result_row = api_result_row,
+	.result_notice = api_result_notice,
+	.result_complete = api_result_complete,
+	.result_error = api_result_error,
+	.result_done = api_result_done,
+	.console_register = api_console_register,
+	.transport_register = api_transport_register,
+	.connect_host = api_connect_host,
+	.connect_port = api_connect_port,
+	.connect_dbname = api_connect_dbname,
+	.connect_database = api_connect_database,
+	.connect_is_cancel = api_connect_is_cancel,
+	.connect_server = api_connect_server,
+	.connect_ready = api_connect_ready,
+	.connect_failed = api_connect_failed,
+	.service_publish = api_service_publish,
+	.service_lookup = api_service_lookup,
+	.event_base = api_event_base,
+	.now_usec = api_now_usec,
+	.timer_add = api_timer_add,
+	.timer_cancel = api_timer_cancel,
+	.pg_connect = api_pg_connect,
+	.pg_query = api_pg_query,
+	.pg_on_notify = api_pg_on_notify,
+	.pg_conn = api_pg_conn,
+	.pg_close = api_pg_close,
+};
