@@ -5,7 +5,8 @@
 * Postgres: a throw-away PostgreSQL 15 cluster on 127.0.0.1 (run as user
   postgres when we are root: PostgreSQL refuses to run as root).
 * Pooler: one PgBouncer-compatible pooler process (Debian's PgBouncer, run as
-  postgres when we are root, or lokadb) with its own ini, log and pidfile.
+  postgres when we are root, or lokadb, possibly with plugins) with its own
+  ini, log and pidfile, and its admin console.
 * pgbench runs, their summary output, and percentiles from the
   per-transaction logs (`--log`, latency in microseconds is column 3).
 """
@@ -269,8 +270,10 @@ class Postgres:
 class Pooler:
     """One pooler process (PgBouncer or lokadb) with its own ini, log and pidfile.
 
-    kind: "pgbouncer" (run as user postgres when root: PgBouncer refuses root)
-    or "lokadb"."""
+    kind: "pgbouncer" (run as user postgres when root: PgBouncer refuses root),
+    or any other name for a lokadb process ("lokadb", "lokadb_noop"); it names
+    the process's directory under base and its files.  settings go into the
+    [lokadb] / [pgbouncer] section (e.g. plugins and plugin_dir)."""
 
     def __init__(self, kind, binary, base, pg, dbname, settings):
         self.kind = kind
@@ -347,6 +350,12 @@ class Pooler:
             time.sleep(0.2)
         raise RuntimeError(f"{self.kind} did not accept a query within {timeout}s: {last}\n"
                            f"{tail(self.logfile)}")
+
+    def console(self, sql):
+        """Run a console command (database lokadb, as the admin user postgres);
+        returns psql's unaligned output, columns separated by |."""
+        return self.pg.psql(sql, dbname="lokadb" if self.kind != "pgbouncer" else "pgbouncer",
+                            port=self.port, timeout=30)
 
     def _read_pid(self):
         try:

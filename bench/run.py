@@ -1,10 +1,15 @@
 #!/usr/bin/python3
-"""LokaDB benchmark: scenario "cloud overhead" (`make bench`).
+"""LokaDB benchmarks (`make bench`): "cloud overhead" and "plugin overhead".
 
-Measures what a pooler adds on top of PostgreSQL: pgbench against the same
-throw-away PostgreSQL 15 cluster directly, through Debian's PgBouncer 1.18 and
-through lokadb, both in transaction mode with the same pool size, the targets
-interleaved round by round so that machine noise hits all three alike.
+cloud overhead: what a pooler adds on top of PostgreSQL: pgbench against the
+same throw-away PostgreSQL 15 cluster directly, through Debian's PgBouncer 1.18
+and through lokadb, both in transaction mode with the same pool size, the
+targets interleaved round by round so that machine noise hits all three alike.
+
+plugin overhead: what a loaded plugin that registered no per-statement hook
+costs: the same pgbench rows (select-only and PK update, 1 and 32 clients)
+against lokadb with `plugins =` empty and against lokadb with the test plugin
+t_noop loaded (only CLIENT_STARTUP and CLIENT_CLOSE hooks), interleaved alike.
 
     make bench                                  # full run (BENCH_SECONDS=15)
     /usr/bin/python3 bench/run.py --quick       # 3 s smoke run
@@ -17,12 +22,16 @@ Environment:
     BENCH_WARMUP     warm-up seconds per target and row (default 3; --quick: 1)
     BENCH_SCENARIOS  comma list of scenarios (select, update, connect) or rows
                      (select:32); default all
+    BENCH_SUITES     comma list of the benchmarks to run: cloud, plugin
+                     (default both)
+    LOKADB_TEST_PLUGIN_DIR  directory holding t_noop.so (`make bench` sets it;
+                     default build/rel/test-plugins)
     BENCH_POOL_SIZE  default_pool_size of both poolers (default 16)
     BENCH_LOKADB     lokadb binary (default ./lokadb of this repository)
     BENCH_KEEP_TMP   non-empty: keep the temp dir (cluster, inis, pooler logs)
 
-Results: bench/results/cloud-overhead.md and a dated copy
-cloud-overhead-YYYYMMDD.md (--quick writes cloud-overhead-quick.md only).
+Results: bench/results/cloud-overhead.md and plugin-overhead.md, each with a
+dated copy NAME-YYYYMMDD.md (--quick writes NAME-quick.md only).
 See doc/benchmarks.md. Python standard library only.
 """
 
@@ -62,8 +71,17 @@ PG_SETTINGS = {
     "log_min_messages": "warning",
 }
 
-TARGETS = ["direct", "pgbouncer", "lokadb"]
-TARGET_LABEL = {"direct": "direct", "pgbouncer": "PgBouncer", "lokadb": "lokadb"}
+TARGETS = ["direct", "pgbouncer", "lokadb"]               # cloud overhead
+PLUGIN_TARGETS = ["lokadb", "lokadb_noop"]                # plugin overhead
+TARGET_LABEL = {"direct": "direct", "pgbouncer": "PgBouncer", "lokadb": "lokadb",
+                "lokadb_noop": "lokadb + t_noop"}
+SUITES = ["cloud", "plugin"]
+NOOP_PLUGIN = "t_noop"
+# The plugin overhead rows: the per-statement scenarios (not -C).
+PLUGIN_SCENARIOS = ("select", "update")
+# The plugin overhead target: t_noop's throughput at least this fraction of
+# plain lokadb's in every row (the rest is this machine's round-to-round noise).
+PLUGIN_TPS_FLOOR = 0.95
 
 
 class Scenario:
@@ -100,8 +118,9 @@ def env_int(name, default):
     return n
 
 
-def select_rows(spec):
-    """[(scenario, clients)] chosen by BENCH_SCENARIOS ("" = all)."""
+def select_rows(spec, only=None):
+    """[(scenario, clients)] chosen by BENCH_SCENARIOS ("" = all); only: the
+    scenario names this benchmark has (None = all)."""
     rows = []
     want = [w.strip() for w in spec.split(",") if w.strip()] if spec else []
     known = {s.name: s for s in SCENARIOS}
@@ -116,6 +135,8 @@ def select_rows(spec):
                 sys.exit(f"BENCH_SCENARIOS: {name} has rows for clients "
                          f"{known[name].clients}, not {c!r}")
     for s in SCENARIOS:
+        if only is not None and s.name not in only:
+            continue
         for c in s.clients:
             if not want or s.name in want or f"{s.name}:{c}" in want:
                 rows.append((s, c))
@@ -253,15 +274,25 @@ class Bench:
             "log_disconnections": 0,
             "log_stats": 0,
         }
-        specs = [("pgbouncer", bl.PGBOUNCER_BIN), ("lokadb", self.lokadb_bin)]
-        for kind, binary in specs:
-            p = bl.Pooler(kind, binary, self.base, self.pg, DBNAME, common)
+        specs = []
+        if "cloud" in self.opts.suites:
+            specs.append(("pgbouncer", bl.PGBOUNCER_BIN, {}))
+        specs.append(("lokadb", self.lokadb_bin, {}))
+        if "plugin" in self.opts.suites:
+            # The same binary and ini as "lokadb", plus the no-op plugin.
+            specs.append(("lokadb_noop", self.lokadb_bin,
+                          {"plugins": NOOP_PLUGIN, "plugin_dir": self.opts.plugin_dir}))
+        for kind, binary, extra in specs:
+            p = bl.Pooler(kind, binary, self.base, self.pg, DBNAME, {**common, **extra})
             self.poolers[kind] = p
             bl.log(f"start {kind} on 127.0.0.1:{p.port}")
             try:
                 p.start()
             except RuntimeError as e:
                 self.mark_down(kind, None, f"{kind} did not start: {e}", None)
+        self.plugin_rows = None
+        if "lokadb_noop" in self.poolers and "lokadb_noop" not in self.down:
+            self.check_plugins()
         # An idle pooler should use no CPU: catch busy loops before measuring.
         self.idle_cpu = {}
         up = {k: p for k, p in self.poolers.items() if k not in self.down}
@@ -272,6 +303,25 @@ class Bench:
             if c0[k] is not None and c1 is not None:
                 self.idle_cpu[k] = (c1 - c0[k]) / 2.0
         bl.log("idle CPU: " + ", ".join(f"{k} {v * 100:.0f}%" for k, v in self.idle_cpu.items()))
+
+    def check_plugins(self):
+        """SHOW PLUGINS on both lokadb processes: t_noop must be loaded in
+        lokadb_noop (with only its two hooks) and nothing in lokadb."""
+        try:
+            noop = self.poolers["lokadb_noop"].console("SHOW PLUGINS")
+            plain = self.poolers["lokadb"].console("SHOW PLUGINS")
+        except RuntimeError as e:
+            self.mark_down("lokadb_noop", None, f"SHOW PLUGINS failed: {e}", None)
+            return
+        self.plugin_rows = noop.splitlines()
+        bl.log("lokadb_noop SHOW PLUGINS: " + " / ".join(self.plugin_rows))
+        names = [r.split("|", 1)[0] for r in self.plugin_rows]
+        if names != [NOOP_PLUGIN]:
+            self.mark_down("lokadb_noop", None, f"SHOW PLUGINS lists {names}, expected "
+                           f"only {NOOP_PLUGIN}", None)
+        elif plain.strip():
+            self.mark_down("lokadb", None, f"lokadb without plugins lists plugins: {plain}",
+                           None)
 
     def stop_poolers_and_read_logs(self):
         """Stop the poolers (so shutdown messages are logged) and keep what
@@ -294,7 +344,8 @@ class Bench:
         return {
             "postgres": f"PostgreSQL {pgv}",
             "pgbench": bl.first_line([str(bl.PG_BIN / "pgbench"), "-V"]),
-            "pgbouncer": bl.first_line([bl.PGBOUNCER_BIN, "-V"]),
+            "pgbouncer": (bl.first_line([bl.PGBOUNCER_BIN, "-V"])
+                          if "pgbouncer" in self.poolers else "not run"),
             "lokadb": lokadb_build_info(self.lokadb_bin),
         }
 
@@ -348,22 +399,22 @@ class Bench:
             return None
         return res
 
-    def run_row(self, idx, scen, clients):
+    def run_row(self, idx, scen, clients, targets):
         o = self.opts
         bl.log(f"== {scen.name}, {clients} client(s): VACUUM + CHECKPOINT")
         self.pg.psql("VACUUM pgbench_accounts, pgbench_branches, pgbench_tellers, "
                      "pgbench_history", dbname=DBNAME)
         self.pg.psql("CHECKPOINT")
-        cells = {t: Cell() for t in TARGETS}
+        cells = {t: Cell() for t in targets}
         # Rotate the order from row to row and round to round: no target always
         # runs first (on a cold cache) or last.
         if o.warmup > 0:
-            for t in rotate(TARGETS, idx):
+            for t in rotate(targets, idx):
                 if self.run_one(t, scen, clients, o.warmup, None, "warm-up") is None \
                         and t not in self.down:
                     cells[t].errors.append("warm-up failed")
         for r, secs in enumerate(split_seconds(o.seconds, o.rounds)):
-            for t in rotate(TARGETS, idx + r):
+            for t in rotate(targets, idx + r):
                 if cells[t].errors:
                     continue
                 prefix = self.logdir / f"{scen.name}-{clients}-{t}-r{r}"
@@ -375,9 +426,9 @@ class Bench:
                 cells[t].add(res)
                 lat = sorted(res.latencies_us)
                 bl.log(f"   {scen.name:8s} c={clients:<3d} round {r + 1}/{o.rounds} "
-                       f"{t:10s} {res.tps:10.0f} tps  p50 {ms(bl.percentile(lat, 50))} ms"
+                       f"{t:11s} {res.tps:10.0f} tps  p50 {ms(bl.percentile(lat, 50))} ms"
                        f"  p99 {ms(bl.percentile(lat, 99))} ms")
-        for t in TARGETS:
+        for t in targets:
             if t in self.down and not cells[t].errors:
                 cells[t].errors.append(f"{t} down")
             cells[t].finish()
@@ -417,33 +468,104 @@ def fmt_added(c, d):
     return f"{(c.p50 - d.p50) / 1000.0:+.3f}"
 
 
-def render(bench, results, meta):
+def header(bench, meta, title, kinds, setup):
+    """The report's title and the lines about when, where and how it ran."""
     o = bench.opts
-    L = []
-    L.append("# Cloud overhead: direct vs PgBouncer vs lokadb")
-    L.append("")
+    L = [f"# {title}", ""]
     L.append(f"- Date: {meta['date']}")
     L.append(f"- Machine: {meta['nproc']} CPUs (nproc), {meta['model']}, {meta['mem']} RAM, "
              f"Linux {meta['kernel']}. pgbench runs on the same machine and takes about one "
              f"core, so PostgreSQL and the pooler share what is left.")
-    if bench.idle_cpu:
+    idle = [(k, v) for k, v in bench.idle_cpu.items() if k in kinds]
+    if idle:
         L.append("- Idle pooler CPU before the runs (2 s, no clients): " + ", ".join(
-            f"{TARGET_LABEL[k]} {v * 100:.0f}%" for k, v in bench.idle_cpu.items()))
+            f"{TARGET_LABEL[k]} {v * 100:.0f}%" for k, v in idle))
     L.append(f"- Load average (1 min) before / after the run: {meta['load_before']} / "
              f"{meta['load_after']} (anything else running on the machine adds noise)")
     v = meta["versions"]
-    L.append(f"- Versions: {v['postgres']}; {v['pgbouncer']} (Debian); {v['lokadb']}; "
-             f"{v['pgbench']}")
+    L.append(f"- Versions: {v['postgres']}; "
+             + (f"{v['pgbouncer']} (Debian); " if "pgbouncer" in kinds else "")
+             + f"{v['lokadb']}; {v['pgbench']}")
     L.append(f"- lokadb binary: {bench.lokadb_src}")
     L.append(f"- Command: {meta['command']}")
     L.append(f"- BENCH_SECONDS={o.seconds}: measured seconds per target and row, in "
              f"{o.rounds} interleaved round(s) of {'/'.join(map(str, split_seconds(o.seconds, o.rounds)))} s; "
              f"warm-up {o.warmup} s per target and row"
              + ("; **--quick smoke run**" if o.quick else ""))
-    L.append(f"- Setup: pgbench scale {SCALE}; both poolers pool_mode=transaction, "
-             f"default_pool_size={o.pool_size}, auth_type=trust, TCP on 127.0.0.1; "
+    L.append(f"- Setup: pgbench scale {SCALE}; {setup}; "
              f"PostgreSQL max_connections=300, shared_buffers=256MB, fsync=off, "
              f"synchronous_commit=off; `-M simple`, `-j 2` (`-j 1` for 1 client)")
+    return L
+
+
+def pooler_log_lines(bench, kinds):
+    L = []
+    logs = [(k, v) for k, v in (getattr(bench, "pooler_logs", None) or {}).items() if k in kinds]
+    if logs:
+        L.append("Pooler logs (log_connections, log_disconnections and log_stats off): " + "; ".join(
+            f"{TARGET_LABEL[k]} {n} line(s), {len(bad)} warning/error line(s)"
+            for k, (n, bad) in logs))
+        for k, (n, bad) in logs:
+            if bad:
+                L.append("")
+                L.append(f"{TARGET_LABEL[k]} warnings/errors (first 10):")
+                L.append("")
+                L.append("```")
+                L.extend(bad[:10])
+                L.append("```")
+        L.append("")
+    return L
+
+
+def command_lines(bench, results):
+    L = ["pgbench command per row (`-T` = the round's seconds, `--log` added for "
+         "measured rounds; the port selects the target):", ""]
+    seen = set()
+    for scen, clients, _ in results:
+        if (scen.name, clients) in seen:
+            continue
+        seen.add((scen.name, clients))
+        args = " ".join(bench.pgbench_args(scen, clients)).replace(str(bench.script),
+                                                                   "update.sql")
+        L.append(f"- {scen.title}, {clients}: `pgbench -h 127.0.0.1 -p PORT -U postgres -n "
+                 f"-T SECONDS {args} {DBNAME}`")
+    if any(s.name == "update" for s, _, _ in results):
+        L.append("")
+        L.append("update.sql:")
+        L.append("")
+        L.append("```")
+        L.append(UPDATE_SCRIPT.rstrip())
+        L.append("```")
+    return L
+
+
+def error_lines(bench, kinds):
+    errors = [e for e in bench.errors if e["target"] in kinds]
+    L = []
+    if errors:
+        L.append("")
+        L.append("## Errors")
+        for e in errors:
+            L.append("")
+            L.append(f"- {e['target']} {e['row'] or ''}: {e['message']}")
+            for key in ("cmd", "process"):
+                if e.get(key):
+                    L.append(f"  - {key}: `{e[key]}`")
+            for key in ("output", "log", "stderr"):
+                if e.get(key):
+                    L.append(f"  - {key}:")
+                    L.append("")
+                    L.append("    ```")
+                    L.extend("    " + x for x in e[key].splitlines())
+                    L.append("    ```")
+    return L
+
+
+def render(bench, results, meta):
+    o = bench.opts
+    L = header(bench, meta, "Cloud overhead: direct vs PgBouncer vs lokadb", TARGETS,
+               f"both poolers pool_mode=transaction, default_pool_size={o.pool_size}, "
+               f"auth_type=trust, TCP on 127.0.0.1")
     L.append("")
     L.append("| scenario | clients | direct tps | PgBouncer tps | lokadb tps "
              "| direct p50 / p99 ms | PgBouncer p50 / p99 ms | lokadb p50 / p99 ms "
@@ -472,64 +594,95 @@ def render(bench, results, meta):
     L.append("|---|--:|--:|--:|--:|--:|")
     for scen, clients, cells in results:
         b, k = cells["pgbouncer"], cells["lokadb"]
-        f = lambda x, fmt: "n/a" if x is None else format(x, fmt)  # noqa: E731
-        L.append(f"| {scen.title} | {clients} | {f(b.cpu_us_per_txn, '.1f')} "
-                 f"| {f(k.cpu_us_per_txn, '.1f')} | {f(b.cores, '.2f')} | {f(k.cores, '.2f')} |")
+        L.append(f"| {scen.title} | {clients} | {fmt_num(b.cpu_us_per_txn, '.1f')} "
+                 f"| {fmt_num(k.cpu_us_per_txn, '.1f')} | {fmt_num(b.cores, '.2f')} "
+                 f"| {fmt_num(k.cores, '.2f')} |")
     L.append("")
-    if getattr(bench, "pooler_logs", None):
-        L.append("Pooler logs (log_connections, log_disconnections and log_stats off): " + "; ".join(
-            f"{TARGET_LABEL[k]} {n} line(s), {len(bad)} warning/error line(s)"
-            for k, (n, bad) in bench.pooler_logs.items()))
-        for k, (n, bad) in bench.pooler_logs.items():
-            if bad:
-                L.append("")
-                L.append(f"{TARGET_LABEL[k]} warnings/errors (first 10):")
-                L.append("")
-                L.append("```")
-                L.extend(bad[:10])
-                L.append("```")
-        L.append("")
+    L += pooler_log_lines(bench, TARGETS)
     L.append("Targets:")
     L.append("")
     for line in targets(results):
         L.append(f"- {line}")
     L.append("")
-    L.append("pgbench command per row (`-T` = the round's seconds, `--log` added for "
-             "measured rounds; the port selects the target):")
-    L.append("")
-    seen = set()
-    for scen, clients, _ in results:
-        if (scen.name, clients) in seen:
-            continue
-        seen.add((scen.name, clients))
-        args = " ".join(bench.pgbench_args(scen, clients)).replace(str(bench.script),
-                                                                   "update.sql")
-        L.append(f"- {scen.title}, {clients}: `pgbench -h 127.0.0.1 -p PORT -U postgres -n "
-                 f"-T SECONDS {args} {DBNAME}`")
-    if any(s.name == "update" for s, _, _ in results):
-        L.append("")
-        L.append("update.sql:")
-        L.append("")
-        L.append("```")
-        L.append(UPDATE_SCRIPT.rstrip())
-        L.append("```")
-    if bench.errors:
-        L.append("")
-        L.append("## Errors")
-        for e in bench.errors:
-            L.append("")
-            L.append(f"- {e['target']} {e['row'] or ''}: {e['message']}")
-            for key in ("cmd", "process"):
-                if e.get(key):
-                    L.append(f"  - {key}: `{e[key]}`")
-            for key in ("output", "log", "stderr"):
-                if e.get(key):
-                    L.append(f"  - {key}:")
-                    L.append("")
-                    L.append("    ```")
-                    L.extend("    " + x for x in e[key].splitlines())
-                    L.append("    ```")
+    L += command_lines(bench, results)
+    L += error_lines(bench, TARGETS)
     return "\n".join(L) + "\n"
+
+
+def fmt_num(x, fmt):
+    return "n/a" if x is None else format(x, fmt)
+
+
+def fmt_cpu_ratio(a, b):
+    if a.cpu_us_per_txn is None or not b.cpu_us_per_txn:
+        return "n/a"
+    return f"{a.cpu_us_per_txn / b.cpu_us_per_txn:.2f}"
+
+
+def render_plugin(bench, results, meta):
+    o = bench.opts
+    L = header(bench, meta, "Plugin overhead: lokadb without plugins vs lokadb with t_noop",
+               PLUGIN_TARGETS,
+               f"two lokadb processes of the same binary with the same ini "
+               f"(pool_mode=transaction, default_pool_size={o.pool_size}, auth_type=trust, "
+               f"TCP on 127.0.0.1), one with `plugins =` empty, the other with "
+               f"`plugins = {NOOP_PLUGIN}` and `plugin_dir = {o.plugin_dir}`")
+    if bench.plugin_rows is not None:
+        L.append(f"- `SHOW PLUGINS` of lokadb + {NOOP_PLUGIN} (name|version|abi|path|hooks|"
+                 f"transports|commands|state): "
+                 + "; ".join(f"`{r}`" for r in bench.plugin_rows))
+    L.append("")
+    L.append(f"{NOOP_PLUGIN} registers only the CLIENT_STARTUP and CLIENT_CLOSE hooks "
+             f"(both return LK_CONTINUE) and flags no client for QUERY, so after login the "
+             f"core never calls it. \"no plugins\" is lokadb with `plugins =` empty.")
+    L.append("")
+    L.append(f"| scenario | clients | no plugins tps | {NOOP_PLUGIN} tps "
+             f"| no plugins p50 / p99 ms | {NOOP_PLUGIN} p50 / p99 ms "
+             f"| {NOOP_PLUGIN} / no plugins tps | {NOOP_PLUGIN} - no plugins p50 ms "
+             f"| no plugins CPU µs / txn | {NOOP_PLUGIN} CPU µs / txn "
+             f"| {NOOP_PLUGIN} / no plugins CPU |")
+    L.append("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for scen, clients, cells in results:
+        e, n = cells["lokadb"], cells["lokadb_noop"]
+        L.append(f"| {scen.title} | {clients} | {fmt_tps(e)} | {fmt_tps(n)} "
+                 f"| {fmt_lat(e)} | {fmt_lat(n)} | {fmt_ratio(n, e)} | {fmt_added(n, e)} "
+                 f"| {fmt_num(e.cpu_us_per_txn, '.1f')} | {fmt_num(n.cpu_us_per_txn, '.1f')} "
+                 f"| {fmt_cpu_ratio(n, e)} |")
+    L.append("")
+    L.append("Latency is per transaction, from pgbench's per-transaction logs (`--log`, "
+             "every transaction, all rounds pooled). CPU is the user + system time of the "
+             "lokadb process over the measured runs (from /proc) per transaction. A ratio "
+             "of 1.00 means no difference; a few percent either way is this machine's "
+             "round-to-round noise.")
+    L.append("")
+    L += pooler_log_lines(bench, PLUGIN_TARGETS)
+    L.append("Targets:")
+    L.append("")
+    for line in plugin_targets(results):
+        L.append(f"- {line}")
+    L.append("")
+    L += command_lines(bench, results)
+    L += error_lines(bench, PLUGIN_TARGETS)
+    return "\n".join(L) + "\n"
+
+
+def plugin_targets(results):
+    bad, worst, n, det = [], None, 0, []
+    for s, c, cells in results:
+        e, k = cells["lokadb"], cells["lokadb_noop"]
+        if not (e.ok and k.ok):
+            bad.append(f"{s.name}:{c} (failed run)")
+            continue
+        n += 1
+        r = k.tps / e.tps
+        worst = r if worst is None else min(worst, r)
+        det.append(f"{s.name}:{c} {r:.2f}x")
+        if r < PLUGIN_TPS_FLOOR:
+            bad.append(f"{s.name}:{c} ({r:.2f}x)")
+    return [verdict(not bad and n > 0,
+                    f"lokadb with {NOOP_PLUGIN} loaded >= {PLUGIN_TPS_FLOOR:.2f}x the "
+                    f"throughput of lokadb without plugins in every row",
+                    ", ".join(det), bad)]
 
 
 def targets(results):
@@ -600,12 +753,15 @@ def verdict(ok, what, detail, bad):
 # --------------------------------------------------------------------------
 
 def parse_args():
-    ap = argparse.ArgumentParser(description="LokaDB benchmark: cloud overhead "
-                                 "(direct vs PgBouncer vs lokadb)")
+    ap = argparse.ArgumentParser(description="LokaDB benchmarks: cloud overhead "
+                                 "(direct vs PgBouncer vs lokadb) and plugin overhead "
+                                 "(lokadb without plugins vs lokadb with t_noop)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke test: 3 s runs, 1 round, 1 s warm-up; writes "
-                         "bench/results/cloud-overhead-quick.md")
-    ap.add_argument("--output", help="write the table here instead of bench/results/")
+                         "bench/results/cloud-overhead-quick.md and plugin-overhead-quick.md")
+    ap.add_argument("--output", help="write the cloud overhead table here instead of "
+                    "bench/results/ (the plugin overhead table goes next to it, as "
+                    "NAME-plugin-overhead.md; when only the plugin benchmark runs, to FILE)")
     ap.add_argument("--strict", action="store_true",
                     help="exit with status 3 when a target fails")
     o = ap.parse_args()
@@ -617,13 +773,56 @@ def parse_args():
     o.warmup = env_int("BENCH_WARMUP", 1 if o.quick else 3)
     o.pool_size = env_int("BENCH_POOL_SIZE", 16)
     o.lokadb = os.environ.get("BENCH_LOKADB") or str(REPO / "lokadb")
-    o.rows = select_rows(os.environ.get("BENCH_SCENARIOS", ""))
+
+    suites_env = os.environ.get("BENCH_SUITES", "").strip()
+    o.suites = [w.strip() for w in suites_env.split(",") if w.strip()] or list(SUITES)
+    for w in o.suites:
+        if w not in SUITES:
+            sys.exit(f"BENCH_SUITES: unknown benchmark {w!r} (known: {', '.join(SUITES)})")
+    spec = os.environ.get("BENCH_SCENARIOS", "")
+    o.rows = select_rows(spec) if "cloud" in o.suites else []
+    o.plugin_rows = select_rows(spec, PLUGIN_SCENARIOS) if "plugin" in o.suites else []
+    if "plugin" in o.suites and not o.plugin_rows:
+        bl.log("plugin overhead skipped: BENCH_SCENARIOS chose no select or update row")
+        o.suites.remove("plugin")
+    if "cloud" in o.suites and not o.rows:
+        o.suites.remove("cloud")
+    if "plugin" in o.suites:
+        o.plugin_dir = os.path.abspath(os.environ.get("LOKADB_TEST_PLUGIN_DIR")
+                                       or str(REPO / "build" / "rel" / "test-plugins"))
+        so = Path(o.plugin_dir) / f"{NOOP_PLUGIN}.so"
+        if not so.is_file():
+            msg = (f"{so} is missing: run `make test-plugins` (or `make bench`, which "
+                   f"builds it and sets LOKADB_TEST_PLUGIN_DIR)")
+            if suites_env:
+                sys.exit(msg)
+            bl.log(f"plugin overhead skipped: {msg}")
+            o.suites.remove("plugin")
+    if "plugin" not in o.suites:
+        o.plugin_rows = []
+    if not o.suites:
+        sys.exit("nothing to run: BENCH_SUITES / BENCH_SCENARIOS chose no row")
     if not os.access(o.lokadb, os.X_OK):
         sys.exit(f"{o.lokadb} is missing: run `make` first")
-    for b in (bl.PG_BIN / "initdb", bl.PG_BIN / "pgbench", bl.PGBOUNCER_BIN):
+    need = [bl.PG_BIN / "initdb", bl.PG_BIN / "pgbench"]
+    if "cloud" in o.suites:
+        need.append(bl.PGBOUNCER_BIN)
+    for b in need:
         if not os.access(b, os.X_OK):
             sys.exit(f"{b} is missing")
     return o
+
+
+def output_paths(o, now, name, only_one):
+    """Where the report `name` ("cloud-overhead" or "plugin-overhead") goes."""
+    if o.output:
+        out = Path(o.output)
+        if only_one or name == "cloud-overhead":
+            return [out]
+        return [out.with_name(f"{out.stem}-{name}{out.suffix or '.md'}")]
+    if o.quick:
+        return [RESULTS / f"{name}-quick.md"]
+    return [RESULTS / f"{name}.md", RESULTS / f"{name}-{now.strftime('%Y%m%d')}.md"]
 
 
 def main():
@@ -632,17 +831,29 @@ def main():
     now = datetime.datetime.now(datetime.timezone.utc)
     nproc, model, mem, kernel = machine_info()
     load_before = os.getloadavg()[0]
-    est = len(o.rows) * len(TARGETS) * (o.seconds + o.warmup + 1)
-    bl.log(f"cloud overhead: {len(o.rows)} row(s) x {len(TARGETS)} targets, "
-           f"{o.seconds} s each ({o.rounds} round(s)) + {o.warmup} s warm-up; "
+    runs = len(o.rows) * len(TARGETS) + len(o.plugin_rows) * len(PLUGIN_TARGETS)
+    est = runs * (o.seconds + o.warmup + 1)
+    if o.rows:
+        bl.log(f"cloud overhead: {len(o.rows)} row(s) x {len(TARGETS)} targets")
+    if o.plugin_rows:
+        bl.log(f"plugin overhead: {len(o.plugin_rows)} row(s) x {len(PLUGIN_TARGETS)} targets")
+    bl.log(f"{o.seconds} s each ({o.rounds} round(s)) + {o.warmup} s warm-up; "
            f"about {est // 60} min {est % 60} s plus setup")
     bench = Bench(o)
-    results = []
+    results, plugin_results = [], []
     try:
         bench.setup()
         versions = bench.versions()
-        for idx, (scen, clients) in enumerate(o.rows):
-            results.append((scen, clients, bench.run_row(idx, scen, clients)))
+        idx = 0
+        for scen, clients in o.rows:
+            results.append((scen, clients, bench.run_row(idx, scen, clients, TARGETS)))
+            idx += 1
+        if o.plugin_rows:
+            bl.log("== plugin overhead: lokadb vs lokadb_noop")
+        for scen, clients in o.plugin_rows:
+            plugin_results.append((scen, clients,
+                                   bench.run_row(idx, scen, clients, PLUGIN_TARGETS)))
+            idx += 1
         bench.stop_poolers_and_read_logs()
     except KeyboardInterrupt:
         bl.log("interrupted; stopping everything")
@@ -665,24 +876,27 @@ def main():
             bench.errors.append({"target": kind, "row": "shutdown",
                                  "message": f"{kind} did not exit within 10 s of SIGTERM "
                                             f"(killed)", "log": bl.tail(p.logfile, 20)})
-    text = render(bench, results, meta)
+    reports = []
+    only_one = len(o.suites) == 1
+    if "cloud" in o.suites:
+        reports.append(("cloud-overhead", render(bench, results, meta),
+                        targets(results)))
+    if "plugin" in o.suites:
+        reports.append(("plugin-overhead", render_plugin(bench, plugin_results, meta),
+                        plugin_targets(plugin_results)))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    if o.output:
-        outs = [Path(o.output)]
-    elif o.quick:
-        outs = [RESULTS / "cloud-overhead-quick.md"]
-    else:
-        outs = [RESULTS / "cloud-overhead.md",
-                RESULTS / f"cloud-overhead-{now.strftime('%Y%m%d')}.md"]
-    for p in outs:
-        p.write_text(text)
-    print()
-    print(text)
+    written = []
+    for name, text, _ in reports:
+        for p in output_paths(o, now, name, only_one):
+            p.write_text(text)
+            written.append(p)
+        print()
+        print(text)
     bl.log("wrote " + ", ".join(str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
-                                for p in outs))
+                                for p in written))
     if bench.errors:
         return 1
-    if o.strict and any(line.startswith("**FAIL") for line in targets(results)):
+    if o.strict and any(line.startswith("**FAIL") for _, _, lines in reports for line in lines):
         return 3
     return 0
 

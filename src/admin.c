@@ -196,7 +196,7 @@ static void client_row(struct admin_ctx *a, struct client *c, const char *state)
 	fmt_time(ct, sizeof(ct), c->connect_time);
 	snprintf(ptr, sizeof(ptr), "%p", (void *)c);
 	snprintf(link, sizeof(link), "%p", (void *)c->link);
-	v[0] = "C"; v[1] = c->user; v[2] = c->dbname; v[3] = "no"; v[4] = state; v[5] = host;
+	v[0] = "C"; v[1] = c->user; v[2] = c->pool ? c->pool->db->name : c->dbname; v[3] = "no"; v[4] = state; v[5] = host;
 	v[6] = fmt_int(b[0], port); v[7] = lhost; v[8] = fmt_int(b[1], lport);
 	v[9] = ct; v[10] = ct; v[11] = fmt_int(b[2], wait / USEC); v[12] = fmt_int(b[3], wait % USEC);
 	v[13] = "0"; v[14] = ptr; v[15] = c->link ? link : ""; v[16] = "0"; v[17] = "";

@@ -868,15 +868,28 @@ static void fail_message(struct client *c, struct evbuffer *in, char type, uint3
 	pkt_send(pb, bufferevent_get_output(c->bev));
 }
 
-/* After a refused extended-protocol message: drop up to and answer the Sync. */
+/*
+ * After a refused extended-protocol message: drop everything up to the Sync.
+ * The Sync itself goes to the server when the client holds one (its earlier
+ * messages get their replies and ReadyForQuery from there); else the pooler
+ * answers it.
+ */
 static bool skip_message(struct client *c, struct evbuffer *in, char type, uint32_t len)
 {
-	drop_message(c, in, len);
-	if (type == 'S') {
-		c->skip_to_sync = false;
-		pkt_ready(&rt->pb, client_txn_status(c));
-		pkt_send(&rt->pb, bufferevent_get_output(c->bev));
+	if (type != 'S') {
+		drop_message(c, in, len);
+		return !c->fwd_remaining;
 	}
+	c->skip_to_sync = false;
+	if (c->link) {
+		c->request_time = rt->now;
+		note_sent_to_server(c, 'S');
+		forward_bytes(c, in, len + 1);
+		return !c->throttled && !c->fwd_remaining;
+	}
+	drop_message(c, in, len);
+	pkt_ready(&rt->pb, 'I');
+	pkt_send(&rt->pb, bufferevent_get_output(c->bev));
 	return !c->fwd_remaining;
 }
 
@@ -1063,10 +1076,10 @@ static bool client_message(struct client *c, struct evbuffer *in)
 			evbuffer_drain(in, len - 4);
 		return !c->closing;
 	}
-	if (c->skip_to_sync || c->watch) {
+	if (c->skip_to_sync || c->watch || c->qev) {
 		if (c->skip_to_sync)
 			return skip_message(c, in, (char)hdr[0], len);
-		if ((hdr[0] == 'Q' || hdr[0] == 'P' || hdr[0] == 'B') && hook_on(LK_HOOK_QUERY))
+		if (c->qev || ((hdr[0] == 'Q' || hdr[0] == 'P' || hdr[0] == 'B') && hook_on(LK_HOOK_QUERY)))
 			return watched_message(c, in, (char)hdr[0], len);
 	}
 	if (!c->link) {

@@ -125,11 +125,6 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	runtime_init();
-	if (!plugins_load(rt->cf, err, sizeof(err)) || !plugins_check(rt->cf, false, err, sizeof(err))) {
-		fprintf(stderr, "lokadb: %s\n", err);
-		log_error("%s", err);
-		return 1;
-	}
 	if (rt->daemon && !rt->cf->pidfile) {
 		fprintf(stderr, "lokadb: -d needs pidfile to be set\n");
 		return 1;
@@ -137,6 +132,12 @@ int main(int argc, char **argv)
 	if (rt->cf->pidfile && !check_pidfile(rt->cf->pidfile))
 		return 1;
 	runtime_apply_log_settings();
+	if (!plugins_load(rt->cf, err, sizeof(err)) || !plugins_check(rt->cf, false, err, sizeof(err))) {
+		log_fatal("%s", err);
+		if (rt->quiet || rt->daemon)
+			fprintf(stderr, "lokadb: %s\n", err);
+		return 1;
+	}
 	if (!runtime_open_listeners())
 		return 1;
 	if (rt->daemon && !daemonize())

@@ -387,27 +387,23 @@ static bool load_one(const char *name, const char *dir, char *err, size_t errlen
 		dlclose(dl);
 		return load_fail(err, errlen, name, "no %s() symbol in %s (not a LokaDB plugin)", LK_PLUGIN_SYMBOL, path);
 	}
+	/* a refused plugin is left mapped: lokadb exits, and the message quotes its descriptor */
 	d = entry();
 	if (!d || d->magic != LK_PLUGIN_MAGIC) {
-		dlclose(dl);
 		return load_fail(err, errlen, name, "bad magic 0x%08x in %s (not a LokaDB plugin)", d ? d->magic : 0, path);
 	}
 	if (d->abi_major != LK_ABI_MAJOR || d->abi_minor > LK_ABI_MINOR) {
-		dlclose(dl);
 		return load_fail(err, errlen, name, "built for plugin ABI %u.%u, this lokadb has ABI %d.%d",
 				 d->abi_major, d->abi_minor, LK_ABI_MAJOR, LK_ABI_MINOR);
 	}
 	if (d->size < sizeof(struct lk_plugin_desc)) {
-		dlclose(dl);
 		return load_fail(err, errlen, name, "descriptor too small (%u bytes, expected %zu)", d->size,
 				 sizeof(struct lk_plugin_desc));
 	}
 	if (!d->name || strcmp(d->name, name) != 0) {
-		dlclose(dl);
 		return load_fail(err, errlen, name, "descriptor names it \"%s\", not \"%s\"", d->name ? d->name : "", name);
 	}
 	if (!d->init) {
-		dlclose(dl);
 		return load_fail(err, errlen, name, "descriptor has no init function");
 	}
 	pl = xcalloc(1, sizeof(*pl));
@@ -501,7 +497,7 @@ static bool check_plugin(struct lk_plugin *pl, const char *path, bool reloading,
 				 ev->errmsg ? ev->errmsg : "configuration refused");
 			if (!ev->cfg_err) {
 				char tmp[1024];
-				snprintf(tmp, sizeof(tmp), "%s: [plugin.%s]: %s", path, pl->name, err);
+				snprintf(tmp, sizeof(tmp), "%s%s[plugin.%s]: %s", path ? path : "", path ? ": " : "", pl->name, err);
 				snprintf(err, errlen, "%s", tmp);
 			}
 			ok = false;
@@ -597,14 +593,14 @@ bool plugin_set(const char *name, const char *value, char *err, size_t errlen)
 	snprintf(buf, sizeof(buf), "%s", name + 7);
 	dot = strchr(buf, '.');
 	if (!dot) {
-		snprintf(err, errlen, "unknown setting: %s", name);
+		snprintf(err, errlen, "unknown setting \"%s\"", name);
 		return false;
 	}
 	*dot = 0;
 	pl = plugin_by_name(buf);
 	st = pl ? setting_find(pl, dot + 1) : NULL;
 	if (!st) {
-		snprintf(err, errlen, "unknown setting: %s", name);
+		snprintf(err, errlen, "unknown setting \"%s\"", name);
 		return false;
 	}
 	for (int j = 0; j < pl->n_settings; j++) {
@@ -613,7 +609,7 @@ bool plugin_set(const char *name, const char *value, char *err, size_t errlen)
 		o->line = 0;
 	}
 	set_str(&st->pending, value);
-	if (!check_plugin(pl, "SET", true, err, errlen)) {
+	if (!check_plugin(pl, NULL, true, err, errlen)) {
 		pending_clear();
 		return false;
 	}
@@ -750,7 +746,9 @@ static int api_config_error(lk_event *ev, const char *key, const char *fmt, ...)
 	va_end(ap);
 	if (ev->hook != LK_HOOK_CONFIG_CHECK || !ev->cfg_pl)
 		return LK_ERROR;
-	if (st && st->line > 0)
+	if (!ev->cfg_path)	/* console SET */
+		snprintf(msg, sizeof(msg), "[plugin.%s] %s: %s", ev->cfg_pl->name, key, why);
+	else if (st && st->line > 0)
 		snprintf(msg, sizeof(msg), "%s:%d: [plugin.%s] %s: %s", ev->cfg_path, st->line, ev->cfg_pl->name, key, why);
 	else
 		snprintf(msg, sizeof(msg), "%s: [plugin.%s] %s: %s", ev->cfg_path, ev->cfg_pl->name, key, why);
@@ -845,7 +843,7 @@ static const char *api_client_addr(lk_client *h, char *buf, size_t len, int *por
 static int api_client_set_database(lk_client *h, const char *dbname)
 {
 	struct client *c = CL(h);
-	if (c->state != CL_LOGIN || c->auth_step || !dbname || !*dbname)
+	if (!c->lev || c->lev->hook != LK_HOOK_CLIENT_STARTUP || !dbname || !*dbname)
 		return -1;
 	set_str(&c->dbname, dbname);
 	return 0;
@@ -854,7 +852,7 @@ static int api_client_set_database(lk_client *h, const char *dbname)
 static int api_client_set_user(lk_client *h, const char *user)
 {
 	struct client *c = CL(h);
-	if (c->state != CL_LOGIN || c->auth_step || !user || !*user)
+	if (!c->lev || c->lev->hook != LK_HOOK_CLIENT_STARTUP || !user || !*user)
 		return -1;
 	set_str(&c->user, user);
 	return 0;
@@ -1569,11 +1567,13 @@ static void console_finish(struct lk_result *res)
 			api_result_complete(res, NULL);
 		pkt_ready(&res->pb, 'I');
 		pkt_send(&res->pb, bufferevent_get_output(c->bev));
-		if (c->console_res == res)
+		if (c->console_res == res) {
+			/* answered later: the console reads its next command now */
 			c->console_res = NULL;
-		result_free(res);
-		client_resume(c);
-		return;
+			result_free(res);
+			client_resume(c);
+			return;
+		}
 	}
 	result_free(res);
 }

@@ -630,6 +630,8 @@ void pool_apply_config(struct lk_config *old)
 	TAILQ_FOREACH(p, &rt->pools, entry) {
 		const struct auth_entry *ae = config_find_auth(rt->cf, p->user);
 		const char *pw = pool_password(p->db, ae ? ae->secret : NULL);
+		if (!ae && !p->db->conf.password && !p->db->conf.user)
+			continue;	/* its secret came from a plugin's AUTH_LOOKUP, not auth_file */
 		if (!str_eq(pw, p->login_password)) {
 			free(p->login_password);
 			p->login_password = xstrdup(pw);

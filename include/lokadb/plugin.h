@@ -122,7 +122,9 @@ struct lk_plugin_desc {
 #define LK_EXPORT
 #endif
 
-/* Declare the plugin: LK_PLUGIN("name", "1.0", my_init, my_fini); */
+/* Declare the plugin (a function definition: no semicolon after it):
+ *     LK_PLUGIN("name", "1.0", my_init, my_fini)
+ */
 #define LK_PLUGIN(NAME, VERSION, INIT, FINI)                                              \
 	LK_EXPORT const struct lk_plugin_desc *lokadb_plugin(void);                       \
 	LK_EXPORT const struct lk_plugin_desc *lokadb_plugin(void)                        \
@@ -246,7 +248,8 @@ struct lk_api {
 	int (*query_set_param)(lk_event *ev, int i, const char *value);
 	/* Run `sql` (simple Query, result not shown to the client) on the same
 	 * server, pipelined right before this message. May be called several
-	 * times; the statements run in order. A failing prefix fails the message. */
+	 * times; the statements run in order. A failing prefix is logged
+	 * ("query of the pooler failed"); the message still runs. */
 	int (*query_prefix)(lk_event *ev, const char *sql);
 	/* Run this message (and its transaction) on the pool of `dbname` with
 	 * the same user. -1 if there is no such database or the client is in a
@@ -293,7 +296,9 @@ struct lk_api {
 	const char *(*connect_database)(lk_connect *req);	/* the [databases] entry's name */
 	int (*connect_is_cancel)(lk_connect *req);	/* 1: for a CancelRequest, not a login */
 	lk_server *(*connect_server)(lk_connect *req);	/* NULL for a cancel */
-	/* Hand over a connected stream socket (the core owns it from now on). */
+	/* Answer a request exactly once: hand over a connected stream socket
+	 * (the core owns it from now on; if the server went away meanwhile the
+	 * core closes it), or fail it. The request is freed by the answer. */
 	void (*connect_ready)(lk_connect *req, int fd);
 	void (*connect_failed)(lk_connect *req, const char *msg);
 
