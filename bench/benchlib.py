@@ -271,9 +271,10 @@ class Pooler:
     """One pooler process (PgBouncer or lokadb) with its own ini, log and pidfile.
 
     kind: "pgbouncer" (run as user postgres when root: PgBouncer refuses root),
-    or any other name for a lokadb process ("lokadb", "lokadb_noop"); it names
-    the process's directory under base and its files.  settings go into the
-    [lokadb] / [pgbouncer] section (e.g. plugins and plugin_dir)."""
+    or any other name for a lokadb process ("lokadb", "lokadb_noop",
+    "lokadb_control"); it names the process's directory under base and its
+    files.  settings go into the [lokadb] / [pgbouncer] section (e.g. plugins
+    and plugin_dir)."""
 
     def __init__(self, kind, binary, base, pg, dbname, settings):
         self.kind = kind

@@ -1,0 +1,74 @@
+/* SPDX-License-Identifier: ISC */
+/*
+ * lokadb/meta_cache.h -- the service the meta_cache plugin publishes
+ * (api->service_publish(self, META_CACHE_SERVICE, &table)) and other plugins
+ * (org_routing, fdw_direct, move) look up with api->service_lookup().
+ *
+ * It is a read-only view of the LokaDB catalog of the cloud database
+ * (schema lokadb, plugins/move/catalog.sql), kept current by LISTEN
+ * lokadb_meta. Everything returned points into the cache and stays valid
+ * until the next return to the event loop (a reload of the catalog replaces
+ * it); copy what must live longer. All lookups are O(1) or O(log n) and
+ * never block.
+ *
+ * Versioning: append-only like the core's API table; test
+ * `svc->size >= offsetof(struct meta_cache_api, field) + sizeof(svc->field)`
+ * before using a field added after version 1.
+ */
+#ifndef LOKADB_META_CACHE_H
+#define LOKADB_META_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define META_CACHE_SERVICE "meta_cache.v1"
+
+struct mc_table {
+	const char *schema;		/* e.g. "public" */
+	const char *name;		/* e.g. "documents" */
+	const char *org_column;		/* e.g. "organization_id" */
+	const char *org_type;		/* format_type() of that column, e.g. "bigint" */
+	const char *default_part;	/* the DEFAULT partition's name (same schema) */
+};
+
+struct mc_org {
+	const char *id;			/* as text, e.g. "42" */
+	const char *name;
+	const char *state;		/* "cloud", "isolating", "moving", "moved" */
+	const char *site;		/* NULL while in the cloud */
+	const char *profile;		/* "fdw" or "fdw+direct" */
+	int isolated;			/* 1: has its own container in every LokaDB table */
+	int paused;			/* 1: its writes are held at the proxy */
+};
+
+typedef void (*mc_change_fn)(void *arg, uint64_t version);
+
+struct meta_cache_api {
+	uint32_t size;			/* sizeof(struct meta_cache_api) of the publisher */
+
+	/* 1 once a catalog has been loaded (possibly stale, see stale()). */
+	int (*ready)(void);
+	/* 1 while the cloud database is unreachable and the last good catalog is served. */
+	int (*stale)(void);
+	/* The catalog version loaded (lokadb.meta 'version'). */
+	uint64_t (*version)(void);
+
+	/* A LokaDB table by schema and name (exact, case-sensitive as stored), or NULL. */
+	const struct mc_table *(*table)(const char *schema, const char *name);
+	/* An unqualified name resolved along a search_path value as PostgreSQL
+	 * would ("$user" expands to `user`; pg_catalog and pg_temp are skipped),
+	 * or NULL when no LokaDB table of that name comes first on the path. */
+	const struct mc_table *(*table_search)(const char *name, const char *search_path, const char *user);
+	/* An organization by id (text form), or NULL. */
+	const struct mc_org *(*org)(const char *id);
+	/* The leaf partition (same schema as the table) holding `org_id`'s rows
+	 * of table schema.name when the organization is isolated, else NULL. */
+	const char *(*leaf)(const char *schema, const char *name, const char *org_id);
+	/* Number of LokaDB tables (0: routing has nothing to do). */
+	int (*n_tables)(void);
+
+	/* Call fn after every catalog change is loaded. Returns 0 or -1. */
+	int (*on_change)(mc_change_fn fn, void *arg);
+};
+
+#endif
