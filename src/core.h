@@ -52,6 +52,7 @@
 #define CLIENT_READ_HIGH (256 * 1024)	/* unread client input kept at most (waiting clients keep reading to see EOF) */
 #define CONSOLE_QUERY_MAX (64 * 1024)
 #define JANITOR_PERIOD_USEC 200000
+#define AFF_SLOTS 32			/* affinity keys a server remembers at most */
 
 /* ParameterStatus values the pooler keeps equal between client and server. */
 enum var_id { VAR_CLIENT_ENCODING, VAR_DATESTYLE, VAR_TIMEZONE, VAR_STD_STRINGS, VAR_APPNAME, VAR_INTERVALSTYLE, VAR_COUNT };
@@ -196,6 +197,8 @@ struct client {
 	char *startup;			/* startup packet parameters (name\0value\0...) */
 	uint32_t startup_len;
 	struct stmt_text *stmts;	/* watched clients: statement name -> text */
+	uint64_t affinity;		/* a plugin's affinity key for server choice (0: none) */
+	int aff_max;			/* ... keys a server keeps at most */
 };
 
 struct server {
@@ -231,6 +234,8 @@ struct server {
 	bool throttled;
 	void **pctx;			/* per-plugin context slots */
 	struct lk_connect *conn_req;	/* plugin transport connect in progress */
+	uint64_t aff[AFF_SLOTS];	/* affinity keys of the clients it served, oldest first */
+	uint8_t n_aff;
 };
 
 TAILQ_HEAD(client_list, client);

@@ -2292,6 +2292,25 @@ static void api_pg_close(lk_pg *pg)
 		pg_free(pg);
 }
 
+/* ================= affinity ================= */
+
+static void api_client_set_affinity(lk_client *h, const char *key, int max_per_server)
+{
+	struct client *c = CL(h);
+	uint64_t hash = 14695981039346656037ULL;	/* FNV-1a */
+
+	if (!key) {
+		c->affinity = 0;
+		return;
+	}
+	for (const unsigned char *p = (const unsigned char *)key; *p; p++) {
+		hash ^= *p;
+		hash *= 1099511628211ULL;
+	}
+	c->affinity = hash ? hash : 1;
+	c->aff_max = max_per_server;
+}
+
 /* ================= teardown ================= */
 
 void plugins_fini(void)
@@ -2427,4 +2446,5 @@ static const struct lk_api api_table = {
 	.pg_on_notify = api_pg_on_notify,
 	.pg_conn = api_pg_conn,
 	.pg_close = api_pg_close,
+	.client_set_affinity = api_client_set_affinity,
 };

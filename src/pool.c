@@ -268,6 +268,8 @@ static void sync_vars(struct client *c, struct server *s)
 		server_send_hidden(s, sql);
 }
 
+static void server_note_key(struct server *s, uint64_t key, int max);
+
 static void pool_link(struct client *c, struct server *s)
 {
 	usec_t now = rt->now;
@@ -278,6 +280,8 @@ static void pool_link(struct client *c, struct server *s)
 	s->checked = false;
 	s->last_used = now;
 	c->pool->stats.server_assignment_count++;
+	if (c->affinity)
+		server_note_key(s, c->affinity, c->aff_max);
 	if (c->state == CL_WAITING) {
 		c->pool->stats.wait_time += (uint64_t)(now - c->wait_start);
 		pool_set_client_state(c, CL_ACTIVE);
@@ -375,6 +379,56 @@ static struct server *idle_server(struct pool *p)
 	return NULL;
 }
 
+static bool server_usable(const struct server *s)
+{
+	const struct lk_config *cf = rt->cf;
+	return !cf->server_check_query || s->checked || rt->now - s->last_used < cf->server_check_delay;
+}
+
+static bool server_has_key(const struct server *s, uint64_t key)
+{
+	for (int i = 0; i < s->n_aff; i++)
+		if (s->aff[i] == key)
+			return true;
+	return false;
+}
+
+/*
+ * An idle server for c. With an affinity key (a plugin's, e.g. the
+ * organization): one that already served the key, else the one that served
+ * the fewest keys. Never waits for an affine server: any idle one will do.
+ */
+static struct server *idle_server_for(struct pool *p, struct client *c)
+{
+	struct server *s, *best = NULL;
+
+	if (!c->affinity)
+		return idle_server(p);
+	TAILQ_FOREACH(s, &p->idle_servers, entry) {
+		if (!server_usable(s))
+			continue;
+		if (server_has_key(s, c->affinity))
+			return s;
+		if (!best || s->n_aff < best->n_aff)
+			best = s;
+	}
+	return best ? best : idle_server(p);
+}
+
+/* Remember the key on the server; a full set forgets its oldest key. */
+static void server_note_key(struct server *s, uint64_t key, int max)
+{
+	if (max < 1 || max > AFF_SLOTS)
+		max = AFF_SLOTS;
+	if (server_has_key(s, key))
+		return;
+	while (s->n_aff >= max) {
+		memmove(s->aff, s->aff + 1, sizeof(s->aff[0]) * (size_t)(s->n_aff - 1));
+		s->n_aff--;
+	}
+	s->aff[s->n_aff++] = key;
+}
+
 /* Put a logged-in client without a server on the pool of `db` (same user). */
 bool pool_move_client(struct client *c, struct lk_db *db)
 {
@@ -398,7 +452,7 @@ bool pool_move_client(struct client *c, struct lk_db *db)
 bool pool_acquire(struct client *c)
 {
 	struct pool *p = c->pool;
-	struct server *s = idle_server(p);
+	struct server *s = idle_server_for(p, c);
 
 	if (s && !pool_is_paused(p)) {
 		pool_link(c, s);
@@ -417,7 +471,7 @@ static void pool_activate(struct pool *p)
 	struct client *c;
 	struct server *s;
 
-	while (!pool_is_paused(p) && (c = TAILQ_FIRST(&p->waiting_clients)) && (s = idle_server(p))) {
+	while (!pool_is_paused(p) && (c = TAILQ_FIRST(&p->waiting_clients)) && (s = idle_server_for(p, c))) {
 		pool_link(c, s);
 		client_resume(c);
 	}

@@ -40,7 +40,7 @@ extern "C" {
 
 #define LK_PLUGIN_MAGIC 0x4c4b504cu	/* "LKPL" */
 #define LK_ABI_MAJOR 1
-#define LK_ABI_MINOR 0
+#define LK_ABI_MINOR 1
 #define LK_PLUGIN_SYMBOL "lokadb_plugin"
 
 /* Opaque handles. */
@@ -320,6 +320,14 @@ struct lk_api {
 	void (*pg_on_notify)(lk_pg *pg, lk_pg_notify_fn fn, void *arg);
 	struct pg_conn *(*pg_conn)(lk_pg *pg);	/* for reading with libpq; do not free it */
 	void (*pg_close)(lk_pg *pg);		/* pending callbacks are not called */
+
+	/* ---- ABI 1.1 ---- */
+	/* Server affinity: when the client next needs a server, the pool prefers
+	 * an idle server that already served `key` (e.g. an organization id), else
+	 * the idle server that served the fewest keys; it never waits for an
+	 * affine server. Each server remembers at most max_per_server keys
+	 * (1..32), forgetting the oldest. key NULL: no preference. */
+	void (*client_set_affinity)(lk_client *c, const char *key, int max_per_server);
 };
 
 #ifdef __cplusplus

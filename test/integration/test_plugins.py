@@ -140,7 +140,7 @@ def test_show_plugins_describes_every_loaded_plugin_in_order(bouncer_factory):
     assert [r["name"] for r in rows] == ["t_hooks", "t_service", "t_transport"]
     h, s, t = rows
     assert h["version"] == "1.2.3" and s["version"] == "0.9"
-    assert h["abi"] == "1.0"
+    assert h["abi"] == "1.1"
     assert os.path.realpath(h["path"]) == os.path.realpath(os.path.join(PLUGIN_DIR, "t_hooks.so"))
     assert [x.strip() for x in h["hooks"].split(",")] == HOOK_NAMES
     assert "SHOW T_HOOKS" in h["commands"] and "T_HOOKS RESET" in h["commands"]
@@ -190,8 +190,8 @@ def test_show_help_lists_plugin_commands(bouncer_factory):
 
 REFUSALS = [
     ("t_badmagic", r"bad magic 0x12345678\b.*\(not a LokaDB plugin\)"),
-    ("t_abi_major", r"built for plugin ABI 2\.0, this lokadb has ABI 1\.0"),
-    ("t_abi_minor", r"built for plugin ABI 1\.1, this lokadb has ABI 1\.0"),
+    ("t_abi_major", r"built for plugin ABI 2\.\d+, this lokadb has ABI 1\.1"),
+    ("t_abi_minor", r"built for plugin ABI 1\.2, this lokadb has ABI 1\.1"),
     ("t_small", r"descriptor too small \(12 bytes"),
     ("t_initfail", r"init failed: t_initfail says no \(code 7\)"),
     ("t_initfail_silent", r"init failed: no reason given"),
@@ -707,6 +707,55 @@ def test_query_set_param_rewrites_a_bind_value(bouncer_factory):
     seen = last(b)
     assert seen["bind_sql"] == "select $1::text, $2::text" and seen["bind_param0"] == "secret-in"
     assert seen["query_statement"] == ""
+
+
+# --------------------------------------------------------------- AFFINITY --
+
+def _pids_by_app(b, apps, rounds):
+    """Warm up three servers, then let each client run alone, in turn."""
+    conns = {a: b.connect("p0", "pooluser1", application_name=a) for a in apps}
+    held = [b.connect("p0", "pooluser1") for _ in range(3)]
+    for h in held:                      # three transactions at once: three servers
+        h.execute("begin")
+        h.execute("select 1")
+    for h in held:
+        h.execute("commit")
+    seen = {a: [] for a in apps}
+    for _ in range(rounds):
+        for a in apps:
+            seen[a].append(conns[a].execute("select pg_backend_pid()").fetchone()[0])
+    return seen
+
+
+def test_affinity_keeps_each_key_on_its_own_server(bouncer_factory):
+    b = hooks(bouncer_factory, {"affinity_max": "1"},
+              settings={"pool_mode": "transaction", "default_pool_size": 3})
+    seen = _pids_by_app(b, ["org-a", "org-b", "org-c"], 6)
+    firsts = {a: set(p) for a, p in seen.items()}
+    assert all(len(p) == 1 for p in firsts.values()), seen     # always the same server
+    assert len({next(iter(p)) for p in firsts.values()}) == 3, seen  # and not a shared one
+
+
+def test_without_affinity_the_idle_server_used_last_is_taken(bouncer_factory):
+    # the control of the test above: plain LIFO puts everybody on one server
+    b = hooks(bouncer_factory, {}, settings={"pool_mode": "transaction", "default_pool_size": 3})
+    seen = _pids_by_app(b, ["org-a", "org-b", "org-c"], 4)
+    assert len({p for ps in seen.values() for p in ps}) == 1, seen
+
+
+def test_affinity_never_makes_a_client_wait_for_its_server(bouncer_factory):
+    b = hooks(bouncer_factory, {"affinity_max": "1"},
+              settings={"pool_mode": "transaction", "default_pool_size": 2})
+    a1 = b.connect("p0", "pooluser1", application_name="org-a")
+    a2 = b.connect("p0", "pooluser1", application_name="org-a")
+    a1.execute("begin")
+    pid1 = a1.execute("select pg_backend_pid()").fetchone()[0]
+    # org-a's server is busy: the second org-a client takes the other server at once
+    a2.execute("begin")
+    pid2 = a2.execute("select pg_backend_pid()").fetchone()[0]
+    assert pid1 != pid2
+    a1.execute("commit")
+    a2.execute("commit")
 
 
 # ------------------------------------------------------------------ ROUTE --

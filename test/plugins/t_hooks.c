@@ -267,6 +267,8 @@ static int on_client_startup(lk_plugin *self, lk_event *ev)
 		if (*S("redirect_to_user") && api->client_set_user(c, S("redirect_to_user")) != 0)
 			return api->fail(ev, "28000", "t_hooks: client_set_user refused");
 	}
+	if (*S("affinity_max") && app && *app)	/* server affinity keyed by application_name */
+		api->client_set_affinity(c, app, atoi(S("affinity_max")));
 	if (set_is("hold_user", user))
 		return go_async(x, P_STARTUP, ev, ms_setting("hold_ms"));
 	if (set_is("hold_reject_user", user))
@@ -723,6 +725,7 @@ static const struct {
 	const char *key, *def, *doc;
 } settings[] = {
 	{ "mode", "a", "a or b (CONFIG_CHECK refuses anything else)" },
+	{ "affinity_max", "", "set: each client's application_name is its server affinity key, this many keys per server" },
 	{ "watch", "", "all, or a user whose queries go to the QUERY hook" },
 	{ "reject_user", "", "CLIENT_STARTUP fails this user with 28000" },
 	{ "reject_app", "", "CLIENT_STARTUP fails this application_name with 28000" },
