@@ -69,6 +69,36 @@ struct meta_cache_api {
 
 	/* Call fn after every catalog change is loaded. Returns 0 or -1. */
 	int (*on_change)(mc_change_fn fn, void *arg);
+
+	/* ---- appended after version 1: test svc->size before use ----
+	 *
+	 * How fresh the cache is (plugins/meta_cache/README.md, "Freshness"):
+	 * a change committed in the cloud database reaches this proxy as a
+	 * NOTIFY, typically within a millisecond. From the moment it has
+	 * arrived, reloading() is 1 until the reload is done, and a plugin
+	 * that holds its statements with wait() runs none of them with the
+	 * catalog it knows to be old. */
+
+	/* 1 while a change announced to this proxy (NOTIFY lokadb_meta, a
+	 * freshness check that found another version, META_CACHE RELOAD) is
+	 * not loaded yet. 0 while stale(): the last good catalog is all there is. */
+	int (*reloading)(void);
+	/* Hold until no reload is due. Returns 1 when none is (fn is not
+	 * called), 0 when fn(arg, version) will be called later from the loop,
+	 * once the reload is done or has failed (check stale()), -1 when out of
+	 * memory. A QUERY hook holds a statement with
+	 *     if (mc->wait(resume_fn, client) == 0) return LK_ASYNC;
+	 * and calls wait_cancel(resume_fn, client) in CLIENT_CLOSE. */
+	int (*wait)(mc_change_fn fn, void *arg);
+	/* Forget every wait() or refresh() of (fn, arg) not called back yet. */
+	void (*wait_cancel)(mc_change_fn fn, void *arg);
+	/* Check the version in the cloud database now (one round trip), reload
+	 * if it differs, then call fn(arg, version) from the loop: whatever was
+	 * committed before the call is in the catalog when fn runs (unless
+	 * stale()). For a plugin that changes the catalog itself (move), so that
+	 * its command answers only once this proxy serves the change.
+	 * 0, or -1 when out of memory. */
+	int (*refresh)(mc_change_fn fn, void *arg);
 };
 
 #endif

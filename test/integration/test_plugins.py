@@ -239,7 +239,7 @@ def test_show_config_lists_declared_plugin_settings(bouncer_factory):
     assert cfg["plugin.t_hooks.hold_ms"]["value"] == "300"
     assert cfg["plugin.t_hooks.hold_ms"]["default"] == "300"
     assert cfg["plugin.t_hooks.reject_user"]["value"] == ""
-    assert len([k for k in cfg if k.startswith("plugin.t_hooks.")]) == 35
+    assert len([k for k in cfg if k.startswith("plugin.t_hooks.")]) == 36
     assert last(b)["setting_mode"] == "b"
     c = counters(b)
     assert c["config_check"] >= 1 and c["config_apply"] == 1 and c["apply_reloading"] == 0
