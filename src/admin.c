@@ -181,7 +181,7 @@ static const char *const sock_cols[] = {
 
 static void client_row(struct admin_ctx *a, struct client *c, const char *state)
 {
-	char host[64], lhost[64], b[8][24], ct[40], ptr[24], link[24];
+	char host[64], lhost[64], b[8][24], ct[40], ptr[24], link[24], tlsbuf[128];
 	int port, lport;
 	usec_t wait = c->state == CL_WAITING ? now_mono() - c->wait_start : 0;
 	const char *v[N_SOCK_COLS];
@@ -199,7 +199,8 @@ static void client_row(struct admin_ctx *a, struct client *c, const char *state)
 	v[0] = "C"; v[1] = c->user; v[2] = c->pool ? c->pool->db->name : c->dbname; v[3] = "no"; v[4] = state; v[5] = host;
 	v[6] = fmt_int(b[0], port); v[7] = lhost; v[8] = fmt_int(b[1], lport);
 	v[9] = ct; v[10] = ct; v[11] = fmt_int(b[2], wait / USEC); v[12] = fmt_int(b[3], wait % USEC);
-	v[13] = "0"; v[14] = ptr; v[15] = c->link ? link : ""; v[16] = "0"; v[17] = "";
+	v[13] = "0"; v[14] = ptr; v[15] = c->link ? link : ""; v[16] = "0";
+	v[17] = c->tls ? tls_describe(c->bev, tlsbuf, sizeof(tlsbuf)) : "";
 	v[18] = c->vars.v[VAR_APPNAME] ? c->vars.v[VAR_APPNAME] : ""; v[19] = "0";
 	v[20] = fmt_u64(b[4], c->id);
 	pkt_data_row(a->pb, N_SOCK_COLS, v);
@@ -595,6 +596,27 @@ static void cmd_set(struct admin_ctx *a)
 			fail(a, "22023", err);
 		else
 			finish(a, "SET");
+		return;
+	}
+	if (strncasecmp(a->args[1], "client_tls_", 11) == 0) {
+		/* check the new TLS context before keeping the value */
+		const struct cf_setting *st = config_find(a->args[1]);
+		char old[512];
+		void *ctx;
+		if (st)
+			config_format(rt->cf, st, old, sizeof(old));
+		if (!config_set(rt->cf, a->args[1], a->args[3], err, sizeof(err))) {
+			fail(a, "22023", err);
+			return;
+		}
+		if (!tls_client_check(rt->cf, &ctx, err, sizeof(err))) {
+			char ignore[64];
+			config_set(rt->cf, a->args[1], old, ignore, sizeof(ignore));
+			fail(a, "22023", err);
+			return;
+		}
+		tls_client_apply(ctx);
+		finish(a, "SET");
 		return;
 	}
 	if (!config_set(rt->cf, a->args[1], a->args[3], err, sizeof(err))) {

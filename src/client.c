@@ -127,10 +127,10 @@ void client_close(struct client *c, const char *sqlstate, const char *fmt, ...)
 	c->state = CL_CLOSING;
 	TAILQ_INSERT_TAIL(&rt->closing_clients, c, entry);
 	out = bufferevent_get_output(c->bev);
-	if (sqlstate)
+	if (sqlstate && (!c->tls || tls_handshake_done(c->bev)))
 		pkt_send_error(out, "FATAL", sqlstate, "%s", msg);
 	conn_want_read(&c->io, false);
-	if (evbuffer_get_length(out) == 0) {
+	if (evbuffer_get_length(out) == 0 || (c->tls && !tls_handshake_done(c->bev))) {
 		client_free_now(c);
 		return;
 	}
@@ -205,7 +205,10 @@ static void client_event_cb(struct bufferevent *bev, short what, void *arg)
 		client_free_now(c);
 		return;
 	}
-	if (what & BEV_EVENT_EOF)
+	if (c->tls && (what & BEV_EVENT_ERROR) && !(what & BEV_EVENT_EOF)) {
+		char buf[256];
+		client_close(c, NULL, "TLS error: %s", tls_error(c->bev, buf, sizeof(buf)));
+	} else if (what & BEV_EVENT_EOF)
 		client_close(c, NULL, "client unexpected eof");
 	else if (what & BEV_EVENT_ERROR)
 		client_close(c, NULL, "client socket error: %s", evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
@@ -382,6 +385,37 @@ done:
 
 static void client_auth_start(struct client *c);
 static void client_startup_decided(struct client *c);
+
+/* SSLRequest with TLS on: answer 'S' and continue the connection over TLS. */
+static bool client_start_tls(struct client *c, struct evbuffer *in)
+{
+	struct ssl_st *ssl;
+	struct bufferevent *nb;
+	int fd = bufferevent_getfd(c->bev);
+
+	if (evbuffer_get_length(in) > 0) {
+		client_close(c, "08P01", "received unencrypted data after SSL request");
+		return false;
+	}
+	if (evbuffer_get_length(bufferevent_get_output(c->bev)) > 0 || send(fd, "S", 1, MSG_NOSIGNAL) != 1) {
+		client_close(c, NULL, "could not answer the SSL request");
+		return false;
+	}
+	ssl = tls_client_new();
+	nb = ssl ? conn_start_tls(&c->io, c->bev, ssl, true) : NULL;
+	if (!nb) {
+		client_close(c, NULL, "could not start TLS: out of memory");
+		return false;
+	}
+	c->bev = nb;
+	c->tls = true;
+	bufferevent_setcb(nb, client_read_cb, client_write_cb, client_event_cb, c);
+	bufferevent_setwatermark(nb, EV_WRITE, WRITE_LOW_WATER, 0);
+	bufferevent_enable(nb, EV_READ | EV_WRITE);
+	c->io.rd_want = true;
+	return false;	/* the startup packet comes through TLS */
+}
+
 static void client_auth_lookup_decided(struct client *c);
 static void client_auth_method(struct client *c);
 
@@ -419,8 +453,15 @@ static bool read_startup(struct client *c, struct evbuffer *in)
 			client_close(c, "08P01", "invalid length of startup packet");
 			return false;
 		}
+		if (code == PROTO_SSL_CODE && !c->tls && c->addr.ss_family != AF_UNIX && tls_client_enabled())
+			return client_start_tls(c, in);
 		bufferevent_write(c->bev, "N", 1);
 		return true;
+	}
+	if (!c->tls && rt->cf->client_tls_sslmode >= SSL_REQUIRE && c->addr.ss_family != AF_UNIX &&
+	    code != PROTO_CANCEL_CODE) {
+		client_close(c, "28000", "SSL required");
+		return false;
 	}
 	body = evbuffer_pullup(in, len - 8);
 	if (code == PROTO_CANCEL_CODE) {
@@ -845,7 +886,7 @@ static void drop_message(struct client *c, struct evbuffer *in, uint32_t len)
 {
 	c->fwd_drop = true;
 	forward_bytes(c, in, len + 1);
-	c->io.rd_high = CLIENT_READ_HIGH;
+	conn_set_rd_high(&c->io, CLIENT_READ_HIGH);
 }
 
 /*
@@ -899,7 +940,7 @@ static bool want_whole(struct client *c, struct evbuffer *in, uint32_t len)
 	if (evbuffer_get_length(in) >= (size_t)len + 1)
 		return true;
 	if (c->io.rd_high < (size_t)len + 1)
-		c->io.rd_high = (size_t)len + 1;
+		conn_set_rd_high(&c->io, (size_t)len + 1);
 	return false;
 }
 
@@ -1005,7 +1046,7 @@ static bool watched_message(struct client *c, struct evbuffer *in, char type, ui
 		}
 	} else {
 		forward_bytes(c, in, len + 1);
-		c->io.rd_high = CLIENT_READ_HIGH;
+		conn_set_rd_high(&c->io, CLIENT_READ_HIGH);
 	}
 	c->qev = NULL;
 	plugin_event_free(ev);

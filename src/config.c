@@ -72,6 +72,7 @@
 
 static const char *const pool_mode_names[] = { "session", "transaction", "statement", NULL };
 static const char *const auth_type_names[] = { "any", "trust", "plain", "md5", "scram-sha-256", NULL };
+static const char *const sslmode_names[] = { "disable", "allow", "prefer", "require", "verify-ca", "verify-full", NULL };
 
 /* ---------------------------------------------------------------------------
  * The settings table, in alphabetical order
@@ -98,6 +99,19 @@ const struct cf_setting config_settings[] = {
 		 "Close client connections idle for longer than this (0 = never)."),
 	TIME_ROW(client_login_timeout, "30", true,
 		 "Close a client that has not finished logging in within this time (0 = never)."),
+	STR_ROW(client_tls_ca_file, NULL, true,
+		"CA certificates that client certificates are checked against (client_tls_sslmode verify-ca / verify-full)."),
+	STR_ROW(client_tls_cert_file, NULL, true,
+		"Certificate (chain) lokadb presents to clients; PEM."),
+	STR_ROW(client_tls_ciphers, "default", true,
+		"TLS 1.2 cipher list for clients (OpenSSL syntax; `default` = OpenSSL's)."),
+	STR_ROW(client_tls_key_file, NULL, true,
+		"Private key of client_tls_cert_file; PEM."),
+	STR_ROW(client_tls_protocols, "secure", true,
+		"TLS versions offered to clients: `secure` (= tlsv1.2,tlsv1.3), `all`, or a list of tlsv1.2, tlsv1.3."),
+	ENUM_ROW(client_tls_sslmode, "disable", sslmode_names,
+		 "TLS with clients: disable (SSLRequest answered N), allow/prefer (TLS when the client asks), "
+		 "require (plain connections refused), verify-ca/verify-full (also a client certificate signed by client_tls_ca_file)."),
 	INT_ROW(default_pool_size, "20", 0, COUNT_MAX, true,
 		"Server connections per database and user pair, unless the database or user sets pool_size."),
 	BOOL_ROW(disable_pqexec, "0", false,
@@ -234,14 +248,8 @@ static const struct pgb_setting {
 	{ "auth_user", { NULL } },
 	{ "cancel_wait_timeout", { "10" } },
 	{ "client_tls13_ciphers", { NULL } },
-	{ "client_tls_ca_file", { NULL } },
-	{ "client_tls_cert_file", { NULL } },
-	{ "client_tls_ciphers", { "default" } },
 	{ "client_tls_dheparams", { "auto" } },
 	{ "client_tls_ecdhcurve", { "auto" } },
-	{ "client_tls_key_file", { NULL } },
-	{ "client_tls_protocols", { "secure" } },
-	{ "client_tls_sslmode", { "disable" } },
 	{ "conffile", { NULL } },
 	{ "dns_zone_check_period", { "0" } },
 	{ "job_name", { "pgbouncer" } },
@@ -1403,21 +1411,26 @@ static bool auth_needs_file(int auth_type)
 	return auth_type == AUTH_PLAIN || auth_type == AUTH_MD5 || auth_type == AUTH_SCRAM;
 }
 
-/* auth_file as a path: relative names are relative to the ini file's directory. */
-static char *auth_path(const struct lk_config *cf)
+/* A file setting as a path: relative names are relative to the ini file's directory. */
+char *config_file_path(const struct lk_config *cf, const char *file)
 {
-	const char *slash = strrchr(cf->path, '/');
+	const char *slash = cf->path ? strrchr(cf->path, '/') : NULL;
 	size_t dir = slash ? (size_t)(slash - cf->path) + 1 : 0;
 	char *out;
 
-	if (cf->auth_file[0] == '/' || !dir)
-		return strdup(cf->auth_file);
-	out = malloc(dir + strlen(cf->auth_file) + 1);
+	if (file[0] == '/' || !dir)
+		return strdup(file);
+	out = malloc(dir + strlen(file) + 1);
 	if (out) {
 		memcpy(out, cf->path, dir);
-		strcpy(out + dir, cf->auth_file);
+		strcpy(out + dir, file);
 	}
 	return out;
+}
+
+static char *auth_path(const struct lk_config *cf)
+{
+	return config_file_path(cf, cf->auth_file);
 }
 
 /* Read cf->auth_file into cf->auth; the loader's line buffer is reused. */

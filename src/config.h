@@ -33,6 +33,7 @@ enum cf_type {
 
 enum pool_mode { POOL_SESSION = 0, POOL_TRANSACTION = 1, POOL_STATEMENT = 2 };
 enum auth_type { AUTH_ANY = 0, AUTH_TRUST, AUTH_PLAIN, AUTH_MD5, AUTH_SCRAM };
+enum sslmode { SSL_DISABLE = 0, SSL_ALLOW, SSL_PREFER, SSL_REQUIRE, SSL_VERIFY_CA, SSL_VERIFY_FULL };
 
 struct cf_setting {
 	const char *name;
@@ -126,6 +127,12 @@ struct lk_config {
 	usec_t query_wait_timeout;
 	usec_t client_idle_timeout;
 	usec_t client_login_timeout;
+	int client_tls_sslmode;		/* enum sslmode */
+	char *client_tls_key_file;
+	char *client_tls_cert_file;
+	char *client_tls_ca_file;
+	char *client_tls_protocols;
+	char *client_tls_ciphers;
 	usec_t idle_transaction_timeout;
 	usec_t suspend_timeout;
 	int64_t max_message_bytes;
@@ -197,6 +204,8 @@ const struct db_conf *config_find_db(const struct lk_config *cf, const char *nam
 const struct user_conf *config_find_user(const struct lk_config *cf, const char *name);
 const struct auth_entry *config_find_auth(const struct lk_config *cf, const char *user);
 
+/* A file setting as a path (relative to the ini file's directory); malloc'ed, NULL on OOM. */
+char *config_file_path(const struct lk_config *cf, const char *file);
 /* Is `name` in the comma/space separated list? (admin_users etc.) */
 bool config_list_has(const char *list, const char *name);
 

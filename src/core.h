@@ -103,6 +103,7 @@ struct conn_io {
 	bool rd_want;			/* the owner wants input */
 	bool rd_on;			/* rd is added */
 	bool spare_ok;			/* its bufferevent may be kept as a spare when freed */
+	bool tls;			/* a bufferevent_openssl: plain bufferevent I/O, no fast path */
 };
 
 #define CONN_SPARES_MAX 64
@@ -183,6 +184,7 @@ struct client {
 	uint8_t scram_keys[64];		/* ClientKey + ServerKey from its SCRAM login */
 	bool has_scram_keys;
 	bool secret_missing;		/* a plugin's AUTH_LOOKUP said: no such user */
+	bool tls;			/* the connection runs TLS */
 	char *peer_ident;
 	/* plugins */
 	void **pctx;			/* per-plugin context slots (NULL until used) */
@@ -352,6 +354,9 @@ void conn_write_idle(struct bufferevent *bev);
 void conn_free(struct conn_io *wt, struct bufferevent *bev);
 void conn_flush_all(void);
 struct bufferevent *conn_bev_for(struct conn_io *io, int fd);
+struct ssl_st;
+struct bufferevent *conn_start_tls(struct conn_io *io, struct bufferevent *old, struct ssl_st *ssl, bool accepting);
+void conn_set_rd_high(struct conn_io *io, size_t high);
 void conn_spares_free(void);
 
 /* pendq */
@@ -463,6 +468,17 @@ static inline bool hook_on(enum lk_hook h)
 {
 	return rt->hooks[h].n != 0;
 }
+
+/* tls.c */
+bool tls_client_check(const struct lk_config *cf, void **ctx, char *err, size_t errlen);
+void tls_client_apply(void *ctx);
+void tls_client_discard(void *ctx);
+bool tls_client_enabled(void);
+struct ssl_st *tls_client_new(void);
+const char *tls_describe(struct bufferevent *bev, char *buf, size_t len);
+const char *tls_error(struct bufferevent *bev, char *buf, size_t len);
+bool tls_handshake_done(struct bufferevent *bev);
+void tls_free_all(void);
 
 /* dns.c */
 typedef void (*dns_cb)(void *arg, const struct sockaddr *sa, socklen_t len, const char *error);

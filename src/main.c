@@ -132,6 +132,16 @@ int main(int argc, char **argv)
 	if (rt->cf->pidfile && !check_pidfile(rt->cf->pidfile))
 		return 1;
 	runtime_apply_log_settings();
+	{
+		void *ctx;
+		if (!tls_client_check(rt->cf, &ctx, err, sizeof(err))) {
+			log_fatal("%s", err);
+			if (rt->quiet || rt->daemon)
+				fprintf(stderr, "lokadb: %s\n", err);
+			return 1;
+		}
+		tls_client_apply(ctx);
+	}
 	if (!plugins_load(rt->cf, err, sizeof(err)) || !plugins_check(rt->cf, false, err, sizeof(err))) {
 		log_fatal("%s", err);
 		if (rt->quiet || rt->daemon)

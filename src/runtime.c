@@ -202,6 +202,7 @@ static void arm_stats_timer(void)
 bool lokadb_reload(char *err, size_t errlen)
 {
 	struct lk_config *nc = config_load(rt->config_path, err, errlen), *old;
+	void *tls_ctx = NULL;
 
 	if (!nc) {
 		log_error("RELOAD failed, keeping the old configuration: %s", err);
@@ -222,7 +223,8 @@ bool lokadb_reload(char *err, size_t errlen)
 		if (s->type == CF_STR)
 			*(char **)((char *)rt->cf + s->offset) = NULL;	/* moved to nc */
 	}
-	if (!plugins_check(nc, true, err, errlen)) {
+	if (!tls_client_check(nc, &tls_ctx, err, errlen) || !plugins_check(nc, true, err, errlen)) {
+		tls_client_discard(tls_ctx);
 		log_error("RELOAD failed, keeping the old configuration: %s", err);
 		/* give the non-reloadable strings back */
 		for (const struct cf_setting *s = config_settings; s->name; s++)
@@ -235,6 +237,7 @@ bool lokadb_reload(char *err, size_t errlen)
 	}
 	old = rt->cf;
 	rt->cf = nc;
+	tls_client_apply(tls_ctx);
 	runtime_apply_log_settings();
 	plugins_apply(true);
 	pool_apply_config(old);
@@ -437,6 +440,7 @@ void runtime_teardown(void)
 	conn_spares_free();
 	close_listeners();
 	plugins_fini();
+	tls_free_all();
 	event_free(rt->janitor);
 	event_free(rt->stats_timer);
 	event_free(rt->justfree_ev);

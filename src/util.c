@@ -8,6 +8,9 @@
  */
 #include "core.h"
 
+#include <openssl/ssl.h>
+#include <event2/bufferevent_ssl.h>
+
 #include <errno.h>
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
@@ -274,6 +277,8 @@ void conn_write_through(struct conn_io *wt, struct bufferevent *bev)
 
 void conn_write_idle(struct bufferevent *bev)
 {
+	if (bufferevent_openssl_get_ssl(bev))
+		return;		/* TLS writes through the bufferevent: EV_WRITE stays on */
 	if (evbuffer_get_length(bufferevent_get_output(bev)) == 0 && (bufferevent_get_enabled(bev) & EV_WRITE))
 		bufferevent_disable(bev, EV_WRITE);
 }
@@ -370,6 +375,12 @@ void conn_want_read(struct conn_io *io, bool on)
 	io->rd_want = on;
 	if (io->rd)
 		conn_update_rd(io);
+	else if (io->tls && io->bev) {
+		if (on)
+			bufferevent_enable(io->bev, EV_READ);
+		else
+			bufferevent_disable(io->bev, EV_READ);
+	}
 }
 
 /* After consuming input: resume reading if the high mark had stopped it. */
@@ -377,6 +388,56 @@ void conn_read_check(struct conn_io *io)
 {
 	if (io->rd && io->rd_want && !io->rd_on)
 		conn_update_rd(io);
+}
+
+/* Let the input grow to `high` bytes before reading stops. */
+void conn_set_rd_high(struct conn_io *io, size_t high)
+{
+	io->rd_high = high;
+	if (io->tls && io->bev)
+		bufferevent_setwatermark(io->bev, EV_READ, 0, high);
+	else if (io->rd)
+		conn_update_rd(io);
+}
+
+/*
+ * Move a plain connection to TLS: a bufferevent_openssl on the same socket
+ * replaces `old` (freed without closing the socket), and the connection
+ * leaves the fast path for plain bufferevent I/O. NULL (and `old` intact)
+ * when the new bufferevent cannot be made; ssl is freed then.
+ */
+struct bufferevent *conn_start_tls(struct conn_io *io, struct bufferevent *old, struct ssl_st *ssl, bool accepting)
+{
+	int fd = bufferevent_getfd(old);
+	struct bufferevent *nb;
+
+	nb = bufferevent_openssl_socket_new(rt->base, fd, ssl,
+					    accepting ? BUFFEREVENT_SSL_ACCEPTING : BUFFEREVENT_SSL_CONNECTING,
+					    BEV_OPT_CLOSE_ON_FREE);
+	if (!nb) {
+		SSL_free(ssl);
+		return NULL;
+	}
+	if (io->bev == old) {
+		evbuffer_remove_cb(bufferevent_get_output(old), conn_out_cb, io);
+		if (io->queued)
+			TAILQ_REMOVE(&rt->flush_list, io, entry);
+		io->queued = false;
+	}
+	if (io->rd) {
+		event_free(io->rd);
+		io->rd = NULL;
+	}
+	io->rd_on = false;
+	bufferevent_setcb(old, NULL, NULL, NULL, NULL);
+	bufferevent_disable(old, EV_READ | EV_WRITE);
+	bufferevent_setfd(old, -1);
+	bufferevent_free(old);
+	io->bev = nb;
+	io->tls = true;
+	io->spare_ok = false;
+	bufferevent_setwatermark(nb, EV_READ, 0, io->rd_high);
+	return nb;
 }
 
 static bool conn_spare_put(struct bufferevent *bev, struct event *rd);

@@ -38,6 +38,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import tempfile
@@ -360,7 +361,9 @@ class Wire:
     socket.timeout when nothing arrived in time.
     """
 
-    def __init__(self, host="127.0.0.1", port=None, timeout=5.0, unix_path=None):
+    def __init__(self, host="127.0.0.1", port=None, timeout=5.0, unix_path=None, tls=None):
+        """tls: None (plain), True (SSLRequest, then TLS without verifying the
+        server), or a (certfile, keyfile) pair to present a client certificate."""
         self.timeout = timeout * SLOW
         if unix_path:
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -368,6 +371,18 @@ class Wire:
             self.sock.connect(unix_path)
         else:
             self.sock = socket.create_connection((host, port), timeout=self.timeout)
+        if tls:
+            self.sock.sendall(struct.pack("!II", 8, SSL_REQUEST_CODE))
+            answer = self.sock.recv(1)
+            if answer != b"S":
+                self.sock.close()
+                raise ConnectionError(f"SSLRequest answered {answer!r}")
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+            if isinstance(tls, tuple):
+                ctx.load_cert_chain(tls[0], tls[1])
+            self.sock = ctx.wrap_socket(self.sock)
         self.buf = b""
         self.params = {}
         self.backend_key = None
@@ -929,6 +944,15 @@ class Bouncer:
                               timeout=timeout * SLOW, env=bouncer_env(), cwd=str(self.dir),
                               stdin=subprocess.DEVNULL)
 
+    def wire_tls(self):
+        """How raw connections of the harness reach this lokadb: over TLS when
+        client_tls_sslmode refuses plain ones (with self.tls_client_cert, a
+        (cert, key) pair, for verify-ca / verify-full)."""
+        mode = str(self.settings.get("client_tls_sslmode", "disable"))
+        if mode not in ("require", "verify-ca", "verify-full"):
+            return None
+        return getattr(self, "tls_client_cert", None) or True
+
     def _check_ready(self):
         if self.proc is not None and self.proc.poll() is not None:
             raise Fatal(f"lokadb exited with {self.proc.returncode} during startup:\n"
@@ -1040,7 +1064,7 @@ class Bouncer:
 
     def wire(self, timeout=5.0):
         """A raw protocol socket to lokadb (closed at teardown)."""
-        w = Wire(port=self.port, timeout=timeout)
+        w = Wire(port=self.port, timeout=timeout, tls=self.wire_tls())
         self.wires.append(w)
         return w
 
@@ -1064,7 +1088,7 @@ class Bouncer:
         .error set instead of raising. Bounded: raises on timeout."""
         if password is None:
             password = CONSOLE_USERS.get(user) or USERS.get(user, {}).get("password")
-        with Wire(port=self.port, timeout=timeout) as w:
+        with Wire(port=self.port, timeout=timeout, tls=self.wire_tls()) as w:
             err = w.login(user, dbname or self.admin_db, password, raise_error=False)
             if err is not None:
                 res = QueryResult()
