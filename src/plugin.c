@@ -2199,6 +2199,16 @@ static void pg_arm(struct lk_pg *pg, short what)
 		event_add(pg->ev, NULL);
 }
 
+/* Notices and warnings of a plugin's connection go to the log, not to stderr. */
+static void pg_notice(void *arg, const char *message)
+{
+	struct lk_pg *pg = arg;
+	size_t n = strlen(message);
+	while (n > 0 && message[n - 1] == '\n')
+		n--;
+	log_debug("plugin %s: PostgreSQL says: %.*s", pg->pl->name, (int)n, message);
+}
+
 static lk_pg *api_pg_connect(lk_plugin *self, const char *conninfo, lk_pg_state_fn fn, void *arg)
 {
 	struct lk_pg *pg;
@@ -2210,6 +2220,8 @@ static lk_pg *api_pg_connect(lk_plugin *self, const char *conninfo, lk_pg_state_
 	pg->state_fn = fn;
 	pg->state_arg = arg;
 	pg->conn = PQconnectStart(conninfo);
+	if (pg->conn)
+		PQsetNoticeProcessor(pg->conn, pg_notice, pg);
 	LIST_INSERT_HEAD(&P.pgs, pg, entry);
 	if (!pg->conn || PQstatus(pg->conn) == CONNECTION_BAD) {
 		/* reported from the loop, not from inside the caller */

@@ -67,7 +67,10 @@ struct meta_cache_api {
 	/* Number of LokaDB tables (0: routing has nothing to do). */
 	int (*n_tables)(void);
 
-	/* Call fn after every catalog change is loaded. Returns 0 or -1. */
+	/* Call fn after every catalog change is loaded: a load whose content
+	 * differs, also when version() stays the same (rows edited with the
+	 * triggers off, or a relation created that hides a LokaDB table on a
+	 * search_path). Key caches on this, not on version(). Returns 0 or -1. */
 	int (*on_change)(mc_change_fn fn, void *arg);
 
 	/* ---- appended after version 1: test svc->size before use ----
@@ -97,7 +100,8 @@ struct meta_cache_api {
 	 * committed before the call is in the catalog when fn runs (unless
 	 * stale()). For a plugin that changes the catalog itself (move), so that
 	 * its command answers only once this proxy serves the change.
-	 * 0, or -1 when out of memory. */
+	 * Returns 0 when fn will be called, 1 when the cloud database is
+	 * unavailable now (fn is not called; stale() is 1), -1 when out of memory. */
 	int (*refresh)(mc_change_fn fn, void *arg);
 };
 
