@@ -35,7 +35,7 @@ endif
 all: config.mk $(BIN) plugins
 
 # ---- plugins: plugins/NAME/*.c -> plugins/NAME/NAME.so (sanitizer builds: $(BUILD)/plugins/NAME/NAME.so)
-PLUGIN_NAMES = $(notdir $(patsubst %/,%,$(wildcard plugins/*/)))
+PLUGIN_NAMES = $(patsubst plugins/%/,%,$(sort $(dir $(wildcard plugins/*/*.c))))
 ifneq ($(SANITIZE),)
 PLUGIN_OUT = $(BUILD)/plugins
 else
@@ -78,6 +78,7 @@ unit: $(UNIT_BINS)
 
 integration: all test-plugins
 	cd test/integration && LOKADB_BIN=$(abspath $(BIN)) LOKADB_SANITIZE=$(SANITIZE) \
+		LOKADB_PLUGIN_DIR=$(abspath $(PLUGIN_OUT)) \
 		LOKADB_TEST_PLUGIN_DIR=$(abspath $(BUILD)/test-plugins) \
 		$(PYTHON) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 

@@ -239,7 +239,7 @@ static bool startup_param(struct client *c, const char *key, const char *val)
 	} else if (strcmp(key, "replication") == 0) {
 		client_close(c, "08P01", "replication connections are not supported");
 		return false;
-	} else if (!config_list_has(rt->cf->ignore_startup_parameters, key)) {
+	} else if (!config_list_has(rt->cf->ignore_startup_parameters, key) && !plugin_startup_param_ok(key)) {
 		client_close(c, "08P01", "unsupported startup parameter: %s", key);
 		return false;
 	}
@@ -278,7 +278,7 @@ static bool options_param(struct client *c, const char *opts)
 		id = varcache_lookup(tok);
 		if (id >= 0)
 			varcache_set(&c->vars, (enum var_id)id, eq + 1);
-		else if (!config_list_has(rt->cf->ignore_startup_parameters, tok))
+		else if (!config_list_has(rt->cf->ignore_startup_parameters, tok) && !plugin_startup_param_ok(tok))
 			ok = false;
 	}
 	free(copy);
@@ -860,6 +860,15 @@ static void note_sent_to_server(struct client *c, char type)
 	case 'S':
 		if (!s->copy_in)	/* PostgreSQL ignores Sync during COPY IN */
 			pend_push(&s->pend, PEND_SYNC);
+		s->ext_open = false;
+		break;
+	case 'P':
+	case 'B':
+	case 'E':
+	case 'D':
+	case 'C':
+	case 'H':
+		s->ext_open = true;
 		break;
 	case 'Q':
 	case 'F':
@@ -1031,6 +1040,15 @@ static bool watched_message(struct client *c, struct evbuffer *in, char type, ui
 		}
 	}
 	prefix = plugin_query_prefixes(ev, &n_prefix);
+	if (n_prefix > 0 && (c->link->ext_open || (type == 'B' && plugin_query_binds_unnamed(ev)))) {
+		/* a simple Query here would end the client's extended-protocol batch
+		 * (and drop its unnamed statement): refuse rather than run unprefixed */
+		c->qev = NULL;
+		fail_message(c, in, type, len, "0A000",
+			     "a plugin's prefix statement cannot be sent inside an extended-protocol batch");
+		plugin_event_free(ev);
+		return !c->closing;
+	}
 	for (int i = 0; i < n_prefix; i++)
 		server_send_hidden(c->link, prefix[i]);
 	c->request_time = rt->now;

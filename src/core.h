@@ -220,6 +220,7 @@ struct server {
 	char txn_status;		/* last ReadyForQuery status */
 	bool ready;			/* nothing owed, idle in no transaction */
 	bool copy_in;
+	bool ext_open;			/* extended-protocol messages sent since the last Sync */
 	bool close_needed;		/* RECONNECT / config change: close when released */
 	bool checked;			/* ran a query of the pooler since its last client */
 	bool closing;
@@ -463,6 +464,8 @@ char **plugin_query_prefixes(struct lk_event *ev, int *n);
 enum lk_hook plugin_event_hook(const struct lk_event *ev);
 void plugin_query_answer(struct client *c, struct lk_event *ev, char status);
 void plugin_note_parse(struct client *c, const char *name, const char *sql);
+bool plugin_query_binds_unnamed(const struct lk_event *ev);
+bool plugin_startup_param_ok(const char *name);
 void client_hook_resumed(struct client *c, struct lk_event *ev);
 static inline bool hook_on(enum lk_hook h)
 {

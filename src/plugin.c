@@ -172,6 +172,8 @@ struct stmt_text {
 };
 
 static struct {
+	char **startup_params;		/* startup parameters plugins accept */
+	int n_startup_params;
 	struct transport *transports;
 	int n_transports;
 	struct service *services;
@@ -1397,6 +1399,11 @@ enum lk_hook plugin_event_hook(const struct lk_event *ev)
 	return ev->hook;
 }
 
+bool plugin_query_binds_unnamed(const struct lk_event *ev)
+{
+	return ev->qtype == 'B' && ev->stmt && !ev->stmt[0];
+}
+
 /* The message to send for a decided QUERY with LK_CONTINUE: rebuilt in pb when it changed (true). */
 bool plugin_query_build(struct client *c, struct lk_event *ev, struct pktbuf *pb)
 {
@@ -2304,6 +2311,32 @@ static void api_pg_close(lk_pg *pg)
 		pg_free(pg);
 }
 
+/* ================= startup parameters ================= */
+
+static int api_startup_parameter(lk_plugin *self, const char *name)
+{
+	char **v;
+	(void)self;
+	if (!name || !*name)
+		return -1;
+	if (plugin_startup_param_ok(name))
+		return 0;
+	v = realloc(P.startup_params, sizeof(*v) * (size_t)(P.n_startup_params + 1));
+	if (!v)
+		return -1;
+	P.startup_params = v;
+	v[P.n_startup_params++] = xstrdup(name);
+	return 0;
+}
+
+bool plugin_startup_param_ok(const char *name)
+{
+	for (int i = 0; i < P.n_startup_params; i++)
+		if (strcasecmp(P.startup_params[i], name) == 0)
+			return true;
+	return false;
+}
+
 /* ================= affinity ================= */
 
 static void api_client_set_affinity(lk_client *h, const char *key, int max_per_server)
@@ -2347,6 +2380,9 @@ void plugins_fini(void)
 	for (int i = 0; i < P.n_services; i++)
 		free(P.services[i].name);
 	free(P.services);
+	for (int i = 0; i < P.n_startup_params; i++)
+		free(P.startup_params[i]);
+	free(P.startup_params);
 	for (int i = 0; i < P.n_cmds; i++) {
 		free(P.cmds[i].name);
 		free(P.cmds[i].doc);
@@ -2459,4 +2495,5 @@ static const struct lk_api api_table = {
 	.pg_conn = api_pg_conn,
 	.pg_close = api_pg_close,
 	.client_set_affinity = api_client_set_affinity,
+	.startup_parameter = api_startup_parameter,
 };

@@ -40,7 +40,7 @@ extern "C" {
 
 #define LK_PLUGIN_MAGIC 0x4c4b504cu	/* "LKPL" */
 #define LK_ABI_MAJOR 1
-#define LK_ABI_MINOR 1
+#define LK_ABI_MINOR 2
 #define LK_PLUGIN_SYMBOL "lokadb_plugin"
 
 /* Opaque handles. */
@@ -249,7 +249,13 @@ struct lk_api {
 	/* Run `sql` (simple Query, result not shown to the client) on the same
 	 * server, pipelined right before this message. May be called several
 	 * times; the statements run in order. A failing prefix is logged
-	 * ("query of the pooler failed"); the message still runs. */
+	 * ("query of the pooler failed"); the message still runs. A simple
+	 * Query would end an extended-protocol batch and drop the unnamed
+	 * statement, so when the client's server has extended messages without
+	 * a Sync outstanding, or the message is a Bind of the unnamed
+	 * statement, the core refuses the message (0A000) instead of sending
+	 * the prefix: ask for a prefix at a Sync boundary (a Query, or the
+	 * Parse that starts a batch). */
 	int (*query_prefix)(lk_event *ev, const char *sql);
 	/* Run this message (and its transaction) on the pool of `dbname` with
 	 * the same user. -1 if there is no such database or the client is in a
@@ -328,6 +334,14 @@ struct lk_api {
 	 * affine server. Each server remembers at most max_per_server keys
 	 * (1..32), forgetting the oldest. key NULL: no preference. */
 	void (*client_set_affinity)(lk_client *c, const char *key, int max_per_server);
+
+	/* ---- ABI 1.2 ---- */
+	/* Accept a startup parameter the core does not know, as a key of the
+	 * startup packet or as `-c NAME=VALUE` in `options` (e.g. "lokadb.org"),
+	 * as if it were listed in ignore_startup_parameters: the login is not
+	 * refused, the value is not sent to the server, and the plugin reads it
+	 * with client_param() (the key, or "options"). Any time; 0 or -1. */
+	int (*startup_parameter)(lk_plugin *self, const char *name);
 };
 
 #ifdef __cplusplus

@@ -1,0 +1,116 @@
+/* SPDX-License-Identifier: ISC */
+/*
+ * mc.h -- internal interface between the two files of the meta_cache plugin:
+ *
+ *   catalog.c     one loaded catalog (struct mc_cat): built from the result
+ *                 of MC_LOAD_SQL, immutable afterwards, freed as a whole;
+ *                 hash lookups and the search_path walk.
+ *   meta_cache.c  the plugin: settings, the connection to the cloud
+ *                 database, the queue of catalog queries, held logins and
+ *                 statements, the console commands and the service table.
+ *
+ * Nothing here is visible outside the .so (-fvisibility=hidden).
+ */
+#ifndef LOKADB_MC_H
+#define LOKADB_MC_H
+
+#include <lokadb/meta_cache.h>
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct pg_result;
+
+/*
+ * The whole catalog in one statement (one snapshot, one round trip). Every
+ * row is (kind, a, b, c, d, e, f, g), all text:
+ *   v  version, oid of lokadb.meta             (exactly one row)
+ *   t  schema, table, org_column, org_type, default_part
+ *   o  id, name, state, site, profile, isolated, paused
+ *   p  schema, table, org_id, container, leaf
+ *   s  schema, name: any relation named like a LokaDB table (search_path shadows)
+ * A missing schema or table fails it with 3F000 / 42P01: "not installed".
+ */
+#define MC_LOAD_SQL                                                                              \
+	"SELECT 'v'::text, (SELECT value FROM lokadb.meta WHERE key = 'version'),"               \
+	" 'lokadb.meta'::regclass::oid::text, NULL::text, NULL::text, NULL::text, NULL::text,"   \
+	" NULL::text"                                                                            \
+	" UNION ALL SELECT 't', schema_name::text, table_name::text, org_column::text,"          \
+	" org_type::text, default_part::text, NULL, NULL FROM lokadb.tables"                     \
+	" UNION ALL SELECT 'o', id::text, name::text, state::text, site::text, profile::text,"   \
+	" isolated::text, paused::text FROM lokadb.orgs"                                         \
+	" UNION ALL SELECT 'p', schema_name::text, table_name::text, org_id::text,"              \
+	" container::text, leaf::text, NULL, NULL FROM lokadb.partitions"                        \
+	" UNION ALL SELECT 's', n.nspname::text, c.relname::text, NULL, NULL, NULL, NULL, NULL"  \
+	" FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"   \
+	" WHERE c.relname IN (SELECT table_name FROM lokadb.tables)"                             \
+	" AND n.nspname !~ '^pg_(toast|temp)'"
+
+/* The freshness check: (version, oid of lokadb.meta), one row. */
+#define MC_VERIFY_SQL \
+	"SELECT (SELECT value FROM lokadb.meta WHERE key = 'version'), 'lokadb.meta'::regclass::oid::text"
+
+/* What identifies a catalog state: compared by the freshness check. */
+struct mc_ident {
+	int installed;		/* 0: schema lokadb (or one of its tables) is missing */
+	uint64_t version;	/* lokadb.meta 'version' (0 if absent) */
+	uint32_t meta_oid;	/* changes when the catalog is dropped and installed again */
+};
+
+/* One key -> value slot of an open-addressing hash table. */
+struct mc_slot {
+	uint64_t h;
+	const char *k[3];	/* k[2] may be NULL (two-part keys) */
+	const void *val;	/* NULL: empty slot */
+};
+
+struct mc_map {
+	struct mc_slot *slots;
+	size_t mask;		/* capacity - 1 (a power of two) */
+};
+
+/* One isolated organization's partition of one LokaDB table. */
+struct mc_part {
+	const char *schema, *name, *org_id, *container, *leaf;
+};
+
+struct mc_chunk;
+
+/* A loaded catalog. Immutable once built; freed with mc_cat_free(). */
+struct mc_cat {
+	struct mc_ident id;
+	size_t n_tables, n_orgs, n_parts, n_shadows;
+	uint64_t fingerprint;		/* of every row, in any order: did anything change? */
+	struct mc_table *tables;
+	struct mc_org *orgs;
+	struct mc_part *parts;
+	struct mc_map by_table;		/* (schema, name) -> struct mc_table */
+	struct mc_map by_org;		/* (id) -> struct mc_org */
+	struct mc_map by_part;		/* (schema, name, org_id) -> struct mc_part */
+	struct mc_map shadows;		/* (schema, name) -> any relation of that name */
+	struct mc_chunk *strings;	/* every string above lives here */
+};
+
+/* The catalog of MC_LOAD_SQL's result, or NULL (out of memory or a malformed
+ * result; `err` says which). The result stays the caller's. */
+struct mc_cat *mc_cat_build(const struct pg_result *res, char *err, size_t errlen);
+/* An empty catalog: `installed` = 0, everything else empty. NULL if out of memory. */
+struct mc_cat *mc_cat_empty(void);
+/* Accepts NULL. */
+void mc_cat_free(struct mc_cat *cat);
+
+const struct mc_table *mc_cat_table(const struct mc_cat *cat, const char *schema, const char *name);
+const struct mc_org *mc_cat_org(const struct mc_cat *cat, const char *id);
+/* The leaf of an isolated organization, else NULL. */
+const char *mc_cat_leaf(const struct mc_cat *cat, const char *schema, const char *name,
+			const char *org_id);
+/* An unqualified name resolved along a search_path value (see meta_cache.h).
+ * search_path NULL means PostgreSQL's default, "$user", public. */
+const struct mc_table *mc_cat_search(const struct mc_cat *cat, const char *name,
+				     const char *search_path, const char *user);
+
+/* The identity from the text of lokadb.meta's version and oid (NULL or
+ * "" = 0): `installed` = 1. 0, or -1 when either is not a number. */
+int mc_ident_parse(const char *version, const char *oid, struct mc_ident *out);
+
+#endif

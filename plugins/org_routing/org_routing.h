@@ -1,0 +1,162 @@
+/* SPDX-License-Identifier: ISC */
+/*
+ * org_routing.h -- what the files of the org_routing plugin share.
+ *
+ *   analyze.c   parse a statement text with libpg_query and describe it: the
+ *               LokaDB tables it touches, the organization terms that scope
+ *               each of them, and its effects on the session (SET lokadb.org,
+ *               search_path, BEGIN/ROLLBACK). Pure: no plugin API calls.
+ *   cache.c     the parse cache: analyses keyed by (statement text, search
+ *               path key), bounded, clock eviction.
+ *   rewrite.c   address a single-organization statement to the organization's
+ *               leaf partitions, and turn COPY table TO into COPY (query) TO;
+ *               both by changing the protobuf tree and deparsing it.
+ *   org_routing.c  the plugin: settings, hooks, decisions, SHOW ORG_ROUTING.
+ *
+ * Everything runs on lokadb's single loop thread; nothing here is thread-safe.
+ * Every non-static symbol starts with or_ and is hidden (-fvisibility=hidden).
+ */
+#ifndef ORG_ROUTING_H
+#define ORG_ROUTING_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <lokadb/meta_cache.h>
+
+/* One organization term: `org_col = 'value'` (param 0) or `org_col = $param`. */
+struct or_term {
+	int param;		/* 1-based parameter number, or 0 for a constant */
+	char *value;		/* the constant as text (normalized); NULL for a parameter */
+};
+
+/* One occurrence of a LokaDB table in a statement. */
+struct or_ref {
+	char *schema, *name;	/* the LokaDB table (copied from the catalog) */
+	char *org_column;	/* its organization column */
+	char *org_type;		/* format_type() of that column */
+	int term0, nterms;	/* its terms in or_analysis.terms; 0 terms: unscoped */
+};
+
+/* What a statement does to the session besides its own work. */
+enum or_effect {
+	OR_FX_NONE = 0,
+	OR_FX_SET_ORG,		/* SET lokadb.org / set_config('lokadb.org', v, false) */
+	OR_FX_RESET_ORG,	/* RESET lokadb.org, SET lokadb.org TO DEFAULT */
+	OR_FX_RESET_ALL,	/* RESET ALL, DISCARD ALL */
+	OR_FX_SET_PATH,		/* SET search_path */
+	OR_FX_RESET_PATH,	/* RESET search_path */
+	OR_FX_BEGIN,		/* BEGIN / START TRANSACTION */
+	OR_FX_ROLLBACK,		/* ROLLBACK / ABORT (the session's SETs of the block revert) */
+};
+
+/* How a statement reads or writes its LokaDB tables. */
+enum or_kind {
+	OR_K_OTHER = 0,		/* no LokaDB table, or DDL/utility on one */
+	OR_K_SELECT,
+	OR_K_INSERT,
+	OR_K_UPDATE,
+	OR_K_DELETE,
+	OR_K_COPY_TO_TABLE,	/* COPY lokadb_table TO ... */
+	OR_K_COPY_TO_QUERY,	/* COPY (query) TO ... */
+	OR_K_COPY_FROM,		/* COPY lokadb_table FROM ... */
+};
+
+/* One statement of a message. */
+struct or_stmt {
+	uint8_t effect;		/* enum or_effect */
+	uint8_t kind;		/* enum or_kind */
+	bool is_local;		/* SET LOCAL / set_config(..., true) */
+	bool rewritable;	/* may be addressed to leaf partitions */
+	int ref0, nrefs;	/* its LokaDB table occurrences in or_analysis.refs */
+	struct or_term val;	/* OR_FX_SET_ORG: the value; OR_FX_SET_PATH: value = the path */
+};
+
+/* The analysis of one message text. Owned by the parse cache. */
+struct or_analysis {
+	int nstmts, nrefs, nterms;
+	struct or_stmt *stmts;
+	struct or_ref *refs;
+	struct or_term *terms;
+	bool tables;		/* touches at least one LokaDB table */
+	bool effects;		/* at least one statement has an effect */
+	bool params;		/* some term or effect value is a parameter */
+	bool parse_error;	/* libpg_query refused it: passed through as is */
+};
+
+/* ---- analyze.c ---- */
+
+/* What resolves table names: the catalog and the session's search_path. */
+struct or_names {
+	const struct meta_cache_api *mc;
+	const char *search_path;	/* never NULL */
+	const char *user;
+};
+
+/* Analyze `sql` into *out (zeroed first). false: out of memory (out is
+ * then freed). A statement libpg_query cannot parse gives parse_error. */
+bool or_analyze(const char *sql, const struct or_names *names, struct or_analysis *out);
+/* Free what an analysis holds (not the struct itself). NULL is fine. */
+void or_analysis_free(struct or_analysis *a);
+/* Resolve a RangeVar-like (schema may be NULL or "") to a LokaDB table. */
+const struct mc_table *or_resolve(const struct or_names *names, const char *schema, const char *rel);
+/* Walk a protobuf-c message tree: fn(arg, m) on m, then, if it returned
+ * true, on each message below it (pre-order; only the set case of a oneof). */
+struct ProtobufCMessage;
+typedef bool (*or_visit_fn)(void *arg, struct ProtobufCMessage *m);
+void or_walk(struct ProtobufCMessage *m, or_visit_fn fn, void *arg);
+/* Is `name` the GUC lokadb.org (case-insensitive, as PostgreSQL compares)? */
+bool or_is_org_guc(const char *name);
+
+/* ---- cache.c ---- */
+
+struct or_cache;
+
+struct or_cache_stats {
+	uint64_t hits, misses, evictions, invalidations;
+	size_t entries, capacity;
+};
+
+/* A cache of `capacity` entries (at least 16). NULL on out of memory. */
+struct or_cache *or_cache_new(size_t capacity);
+void or_cache_free(struct or_cache *c);
+/*
+ * The analysis of (sql, sp_key) for catalog version `version`, analyzing it
+ * on a miss (or when it was analyzed for another version). The pointer is
+ * valid until the next or_cache_get (it may be evicted by it). NULL: out of
+ * memory.
+ */
+const struct or_analysis *or_cache_get(struct or_cache *c, const char *sql, uint64_t sp_key,
+				       uint64_t version, const struct or_names *names);
+void or_cache_stats(const struct or_cache *c, struct or_cache_stats *st);
+/* The memo of the last rewrite of the entry `a` belongs to (see rewrite.c). */
+struct or_rewrite_memo {
+	char *org;		/* the organization it was made for */
+	uint64_t version;	/* the catalog version it was made with */
+	char *sql;		/* the rewritten text; NULL: not rewritable */
+};
+struct or_rewrite_memo *or_cache_memo(struct or_cache *c, const struct or_analysis *a);
+
+uint64_t or_hash(const char *s, size_t n, uint64_t seed);
+
+/* ---- rewrite.c ---- */
+
+enum or_rw_result { OR_RW_NONE = 0, OR_RW_DONE, OR_RW_FAILED };
+
+/*
+ * Rewrite `sql` (one statement, analyzed as `a`) for organization `org`:
+ * every LokaDB table occurrence becomes its leaf partition (alias kept, or
+ * the table's name as alias) when `to_leaf` and every table has a leaf; a
+ * COPY table TO becomes COPY (SELECT ... WHERE org_col = 'org') TO.
+ * OR_RW_DONE: *out is the new text (caller frees). OR_RW_NONE: nothing to
+ * change. OR_RW_FAILED: libpg_query could not do it (*err says why,
+ * static text).
+ */
+enum or_rw_result or_rewrite(const char *sql, const struct or_analysis *a, const struct or_names *names,
+			     const char *org, bool to_leaf, char **out, const char **err);
+
+/* 'text' as an SQL string literal into buf (doubling quotes); false if it does not fit. */
+bool or_quote_literal(const char *text, char *buf, size_t len);
+
+#endif

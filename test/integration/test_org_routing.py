@@ -1,0 +1,692 @@
+# SPDX-License-Identifier: ISC
+"""The org_routing plugin (issue 4): each statement's organization (DESIGN
+§8), set_config('lokadb.org', ...) pipelined before statements on LokaDB
+tables, leaf addressing of single-organization statements compared with the
+unrewritten results, refusal of COPY ... TO without an organization,
+route_log, SHOW ORG_ROUTING, and the protocol features that must work as
+without the plugin -- all through the real meta_cache plugin.
+
+The schema is the test's own, in a database of its own: organizations,
+projects (a cloud table), documents and versions (tenant tables with
+(organization_id, id) indexes), made LokaDB tables by running
+plugins/move/catalog.sql and partitioning them in SQL here: LIST by
+organization_id with a DEFAULT partition, organization 2 isolated in a
+container partition holding one leaf, and the catalog rows written
+directly (no move plugin command is used)."""
+
+import os
+import re
+import threading
+import time
+
+import psycopg
+import pytest
+from psycopg import errors, sql
+
+from lokadb_harness import HERE, SLOW, Wire, assert_error, wait_until
+
+REPO = (HERE / "../..").resolve()
+CATALOG_SQL = (REPO / "plugins/move/catalog.sql").read_text()
+APP_DB = f"or_app_{os.getpid()}"
+USER = "trustuser"
+ORGS = (1, 2, 3)
+ISOLATED = 2
+DOCS_PER_ORG = 30
+
+SCHEMA_SQL = """
+CREATE TABLE organizations (id bigint PRIMARY KEY, name text NOT NULL);
+CREATE TABLE projects (id bigserial PRIMARY KEY, organization_id bigint NOT NULL REFERENCES organizations,
+                       name text NOT NULL);
+CREATE TABLE documents (organization_id bigint NOT NULL, id bigserial NOT NULL, project_id bigint NOT NULL,
+                        title text NOT NULL, created_at timestamptz NOT NULL DEFAULT '2024-01-01')
+    PARTITION BY LIST (organization_id);
+CREATE TABLE documents_default PARTITION OF documents DEFAULT;
+CREATE TABLE documents_o2 PARTITION OF documents FOR VALUES IN (2) PARTITION BY LIST (organization_id);
+CREATE TABLE documents_o2_1 PARTITION OF documents_o2 FOR VALUES IN (2);
+CREATE INDEX ON documents (organization_id, id);
+ALTER TABLE documents_default ADD PRIMARY KEY (organization_id, id);
+ALTER TABLE documents_o2_1 ADD PRIMARY KEY (organization_id, id);
+CREATE TABLE versions (organization_id bigint NOT NULL, id bigserial NOT NULL, document_id bigint NOT NULL,
+                       body text NOT NULL)
+    PARTITION BY LIST (organization_id);
+CREATE TABLE versions_default PARTITION OF versions DEFAULT;
+CREATE TABLE versions_o2 PARTITION OF versions FOR VALUES IN (2) PARTITION BY LIST (organization_id);
+CREATE TABLE versions_o2_1 PARTITION OF versions_o2 FOR VALUES IN (2);
+CREATE INDEX ON versions (organization_id, id);
+CREATE INDEX ON versions (organization_id, document_id);
+CREATE SCHEMA other;
+CREATE TABLE other.documents (id int, note text);
+INSERT INTO other.documents VALUES (1, 'not a LokaDB table');
+GRANT USAGE ON SCHEMA other TO PUBLIC;
+GRANT ALL ON ALL TABLES IN SCHEMA public, other TO PUBLIC;
+GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO PUBLIC;
+"""
+
+DATA_SQL = """
+INSERT INTO organizations SELECT o, 'org ' || o FROM unnest('{orgs}'::bigint[]) o;
+INSERT INTO projects (organization_id, name)
+    SELECT o, 'project ' || o || '.' || p FROM unnest('{orgs}'::bigint[]) o, generate_series(1, 3) p;
+INSERT INTO documents (organization_id, project_id, title, created_at)
+    SELECT p.organization_id, p.id, 'doc ' || p.id || '.' || d, '2024-01-01'::timestamptz + d * interval '1 hour'
+    FROM projects p, generate_series(1, {per_project}) d ORDER BY p.organization_id, d, p.id;
+INSERT INTO versions (organization_id, document_id, body)
+    SELECT d.organization_id, d.id, 'v' || n || ' of ' || d.title FROM documents d, generate_series(1, 2) n;
+ANALYZE;
+"""
+
+CATALOG_ROWS_SQL = """
+INSERT INTO lokadb.orgs (id, name, isolated) VALUES ('1', 'org 1', false), ('2', 'org 2', true),
+                                                   ('3', 'org 3', false);
+INSERT INTO lokadb.tables (schema_name, table_name, org_column, org_type, default_part) VALUES
+    ('public', 'documents', 'organization_id', 'bigint', 'documents_default'),
+    ('public', 'versions', 'organization_id', 'bigint', 'versions_default');
+INSERT INTO lokadb.partitions (schema_name, table_name, org_id, container, leaf) VALUES
+    ('public', 'documents', '2', 'documents_o2', 'documents_o2_1'),
+    ('public', 'versions', '2', 'versions_o2', 'versions_o2_1');
+"""
+
+SHOW_COLUMNS = ["parse_cache_entries", "parse_cache_size", "parse_cache_hits", "parse_cache_misses",
+                "parse_cache_evictions", "parse_cache_invalidations", "statements_passed",
+                "statements_routed", "org_from_statement", "org_from_session", "org_none", "prefixes",
+                "prefixes_skipped", "refused", "rewritten", "rewrite_failed", "parse_errors",
+                "session_changes", "held_for_catalog"]
+
+
+# ------------------------------------------------------------------ setup --
+
+@pytest.fixture(scope="module")
+def app(pg):
+    """The application database: catalog, schema, rows, catalog rows; every statement logged."""
+    pg.sql(f"CREATE DATABASE {APP_DB}")
+    with pg.connect(dbname=APP_DB) as c:
+        c.execute(CATALOG_SQL)
+        c.execute(SCHEMA_SQL)
+        c.execute(DATA_SQL.format(orgs="{" + ",".join(map(str, ORGS)) + "}", per_project=DOCS_PER_ORG // 3))
+        c.execute(CATALOG_ROWS_SQL)
+        c.execute(f"ALTER DATABASE {APP_DB} SET log_statement = 'all'")
+    yield pg
+    pg.sql(f"DROP DATABASE IF EXISTS {APP_DB} WITH (FORCE)")
+
+
+def direct(app, query, params=None):
+    """Rows of a statement run on PostgreSQL itself (no lokadb)."""
+    with app.connect(dbname=APP_DB, user=USER) as c:
+        cur = c.execute(query, params)
+        return cur.fetchall() if cur.description else None
+
+
+@pytest.fixture
+def router(bouncer_factory, app):
+    """make(**settings) -> a lokadb with meta_cache and org_routing on the database `app`."""
+    def make(route_log="on", rewrite="on", settings=None, extra="", start=True):
+        s = {"plugins": "meta_cache org_routing"}
+        s.update(settings or {})
+        raw = (f"[plugin.meta_cache]\ncloud = host=127.0.0.1 port={app.port} dbname={APP_DB} user=postgres\n"
+               f"verify = 0\n\n[plugin.org_routing]\nroute_log = {route_log}\nrewrite = {rewrite}\n{extra}")
+        b = bouncer_factory(settings=s, databases={"app": f"host=127.0.0.1 port={app.port} dbname={APP_DB}"},
+                            raw=raw, start=start)
+        if start:
+            wait_until(lambda: b.admin_dicts("SHOW META_CACHE")[0]["state"] == "ready", 10 * SLOW,
+                       what="meta_cache to load the catalog")
+        return b
+    return make
+
+
+def stats(b):
+    return {k: int(v) for k, v in b.admin_dicts("SHOW ORG_ROUTING")[0].items()}
+
+
+def org_of(w, query):
+    """The server's lokadb.org as the statement itself saw it (first column)."""
+    return w.query(query).rows[0][0]
+
+
+def route_lines(b, since=0):
+    return [l for l in b.log()[since:].splitlines() if "plugin org_routing:" in l and " org=" in l]
+
+
+# ------------------------------------------------------- routing rules --
+
+SETTING = "current_setting('lokadb.org', true)"
+
+
+def test_the_organization_of_each_statement_is_set_on_the_server_before_it(router):
+    b = router()
+    w = b.login("app", USER)
+    cases = [
+        # a constant equality on the organization column
+        (f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = 3", "3"),
+        # qualified by alias, AND-ed with other conditions, a cast constant
+        (f"SELECT {SETTING}, count(*) FROM documents d WHERE d.title <> '' AND d.organization_id = '1'::bigint",
+         "1"),
+        # a join scoped through the join condition (v.organization_id = d.organization_id)
+        (f"SELECT {SETTING}, count(*) FROM documents d JOIN versions v ON v.document_id = d.id "
+         "AND v.organization_id = d.organization_id WHERE d.organization_id = 3", "3"),
+        # a join with a cloud table (the ORM feed)
+        (f"SELECT {SETTING}, d.id FROM documents d JOIN projects p ON p.id = d.project_id "
+         "WHERE d.organization_id = 1 ORDER BY d.id DESC LIMIT 1", "1"),
+        # CTE and subqueries: every LokaDB occurrence is scoped
+        (f"WITH x AS (SELECT * FROM documents WHERE organization_id = 3) SELECT {SETTING}, count(*) FROM x", "3"),
+        (f"SELECT {SETTING}, (SELECT count(*) FROM versions WHERE organization_id = 3)", "3"),
+        # IN with one value
+        (f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id IN (1)", "1"),
+        # no organization: the server's lokadb.org is cleared
+        (f"SELECT {SETTING}, count(*) FROM documents", ""),
+        # two organizations, OR, an unscoped occurrence: none
+        (f"SELECT {SETTING}, count(*) FROM documents d JOIN versions v ON v.document_id = d.id "
+         "WHERE d.organization_id = 1 AND v.organization_id = 3", ""),
+        (f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = 1 OR organization_id = 3", ""),
+        (f"SELECT {SETTING}, (SELECT count(*) FROM versions) FROM documents WHERE organization_id = 3 LIMIT 1",
+         ""),
+        # the ON of an outer join does not scope its preserved side
+        (f"SELECT {SETTING}, count(*) FROM documents d LEFT JOIN versions v ON v.document_id = d.id "
+         "AND d.organization_id = 3", ""),
+        # ... but scopes its nullable side through the preserved side's WHERE
+        (f"SELECT {SETTING}, count(*) FROM documents d LEFT JOIN versions v ON v.document_id = d.id "
+         "AND v.organization_id = d.organization_id WHERE d.organization_id = 3", "3"),
+    ]
+    for query, expected in cases:
+        assert org_of(w, query) == expected, query
+    # DML: every VALUES row, UPDATE/DELETE conditions
+    assert org_of(w, f"INSERT INTO documents (organization_id, project_id, title) VALUES (3, 7, 'a'), "
+                     f"(3, 7, 'b') RETURNING {SETTING}") == "3"
+    assert org_of(w, f"INSERT INTO documents (organization_id, project_id, title) VALUES (1, 1, 'c'), "
+                     f"(3, 7, 'd') RETURNING {SETTING}") == ""
+    assert org_of(w, f"UPDATE documents SET title = title WHERE organization_id = 3 AND title IN ('a', 'b') "
+                     f"RETURNING {SETTING}") == "3"
+    assert org_of(w, f"DELETE FROM documents WHERE organization_id = 3 AND title IN ('a', 'b') "
+                     f"RETURNING {SETTING}") == "3"
+    w.query("DELETE FROM documents WHERE title IN ('c', 'd')")
+    # a statement on no LokaDB table is not touched
+    assert org_of(w, f"SELECT {SETTING} FROM projects WHERE organization_id = 1 LIMIT 1") == ""
+    assert stats(b)["statements_routed"] >= len(cases) + 5
+
+
+def test_the_session_organization_applies_when_the_statement_has_none(router):
+    b = router()
+    w = b.login("app", USER)
+    q_none = f"SELECT {SETTING}, count(*) FROM documents"
+    assert org_of(w, q_none) == ""
+    w.query("SET lokadb.org = 3")
+    assert org_of(w, q_none) == "3"
+    # the statement's own organization wins, then the session's comes back
+    assert org_of(w, f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = 1") == "1"
+    assert org_of(w, q_none) == "3"
+    w.query("SET SESSION lokadb.org TO '1'")
+    assert org_of(w, q_none) == "1"
+    w.query("RESET lokadb.org")
+    assert org_of(w, q_none) == ""
+    w.query("SELECT set_config('lokadb.org', '3', false)")
+    assert org_of(w, q_none) == "3"
+    # SET LOCAL lasts for the transaction block; ROLLBACK undoes a SET made in it
+    w.query("BEGIN")
+    w.query("SET LOCAL lokadb.org = 1")
+    assert org_of(w, q_none) == "1"
+    w.query("COMMIT")
+    assert org_of(w, q_none) == "3"
+    w.query("BEGIN")
+    w.query("SET lokadb.org = 1")
+    assert org_of(w, q_none) == "1"
+    w.query("ROLLBACK")
+    assert org_of(w, q_none) == "3"
+    w.query("DISCARD ALL")
+    assert org_of(w, q_none) == ""
+    w.query("SET lokadb.org = 1")
+    w.query("SET lokadb.org = ''")
+    assert org_of(w, q_none) == ""
+    assert stats(b)["session_changes"] >= 7
+
+
+
+def test_a_transaction_block_of_the_extended_protocol_gets_the_session_organization_at_begin(router):
+    """Inside a block the plugin cannot tell a new batch from the middle of one
+    (no prefix may go there), so it sets the session's organization before
+    BEGIN; a statement of another organization inside the block runs
+    without its prefix (counted in prefixes_skipped)."""
+    b = router(settings={"pool_mode": "transaction"})
+    with b.connect("app", USER, autocommit=False) as c:
+        c.execute("SELECT set_config('lokadb.org', '3', false)")
+        c.commit()
+        for _ in range(2):           # (a parameter makes psycopg use the extended protocol)
+            assert c.execute(f"SELECT {SETTING}, count(*) FROM documents WHERE %s", [True]).fetchone()[0] == "3"
+            assert c.execute(f"SELECT {SETTING}, count(*) FROM versions WHERE %s", [True]).fetchone()[0] == "3"
+            c.commit()
+        before = stats(b)["prefixes_skipped"]
+        assert c.execute("SELECT count(*) FROM documents WHERE organization_id = 1 AND %s", [True]
+                         ).fetchone()[0] == direct(b.pg, "SELECT count(*) FROM documents WHERE organization_id = 1")[0][0]
+        c.commit()
+        assert stats(b)["prefixes_skipped"] >= before + 1
+    assert any("decision=begin" in l and "org=3" in l and "prefix=sent" in l for l in route_lines(b))
+
+def test_options_at_connect_give_the_session_organization(router):
+    # org_routing declares lokadb.org as a startup parameter: no
+    # ignore_startup_parameters needed; other unknown options are still refused
+    b = router()
+    err = b.login_error("app", USER, params={"options": "-c lokadb.nothing=3"})
+    assert_error(err, "08P01", "unsupported options startup parameter")
+    w = b.login("app", USER, params={"options": "-c lokadb.org=3"})
+    assert org_of(w, f"SELECT {SETTING}, count(*) FROM documents") == "3"
+    with b.connect("app", USER, options="-c lokadb.org=1") as c:
+        assert c.execute(f"SELECT {SETTING}, count(*) FROM documents").fetchone()[0] == "1"
+
+
+def test_search_path_decides_what_an_unqualified_name_is(router):
+    b = router()
+    w = b.login("app", USER)
+    assert org_of(w, f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = 3") == "3"
+    w.query("SET search_path = other, public")
+    # other.documents is a plain table: nothing to route, the setting stays as it was
+    res = w.query(f"SELECT {SETTING}, note FROM documents WHERE id = 1")
+    assert res.rows == [["3", "not a LokaDB table"]]
+    assert org_of(w, f"SELECT {SETTING}, count(*) FROM public.documents WHERE organization_id = 1") == "1"
+    w.query("RESET search_path")
+    assert org_of(w, f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = 3") == "3"
+
+
+# ------------------------------------------------- extended protocol --
+
+def test_extended_protocol_classifies_at_parse_and_decides_at_bind(router):
+    b = router()
+    with b.connect("app", USER, prepare_threshold=5) as c:
+        # constants: decided at the Parse, the prefix goes before it
+        assert c.execute(f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = 3").fetchone()[0] == "3"
+        # a parameter, named (prepared) statement: decided at the Bind, the prefix goes before the Bind
+        q = f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = %s"
+        for org in ("1", "3", "1"):
+            assert c.execute(q, [int(org)], prepare=True).fetchone()[0] == org
+        # a binary parameter (int8)
+        q_bin = f"SELECT {SETTING}, count(*) FROM versions WHERE organization_id = %b"
+        assert c.execute(q_bin, [3], prepare=True).fetchone()[0] == "3"
+        # INSERT rows with parameters
+        cur = c.execute(f"INSERT INTO documents (organization_id, project_id, title) VALUES (%s, 7, 'p1') "
+                        f"RETURNING {SETTING}", [3], prepare=True)
+        assert cur.fetchone()[0] == "3"
+        c.execute("DELETE FROM documents WHERE title = 'p1'")
+        # a parameter in the unnamed statement: decided at the Bind, but no Query may
+        # precede that Bind (it would drop the unnamed statement): the statement runs
+        # with whatever lokadb.org the server has, and the results are right
+        count = direct(b.pg, "SELECT count(*) FROM documents WHERE organization_id = 1")[0][0]
+        row = c.execute(f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = %s AND true", [1],
+                        prepare=False).fetchone()
+        assert row[1] == count
+    st = stats(b)
+    assert st["prefixes_skipped"] >= 1
+    lines = route_lines(b)
+    assert any(" B org=1 decision=param " in l and "prefix=skipped" in l for l in lines), lines
+    assert any(" P org=- decision=pending " in l for l in lines), lines
+
+
+# ------------------------------------------------------------- COPY --
+
+def test_copy_to_without_an_organization_is_refused_with_a_way_to_choose_one(router):
+    b = router()
+    w = b.login("app", USER)
+    res = w.query("COPY documents TO STDOUT", raise_error=False)
+    assert_error(res.error, "0A000", "COPY of LokaDB table public.documents would read every organization")
+    assert "SET lokadb.org" in res.error.message and "organization_id = <id>" in res.error.message
+    assert res.messages[-1][0] == b"Z"
+    res = w.query("COPY (SELECT d.id FROM documents d JOIN projects p ON p.id = d.project_id) TO STDOUT",
+                  raise_error=False)
+    assert_error(res.error, "0A000", "COPY (query) reads LokaDB table public.documents without an organization")
+    assert w.scalar("SELECT 1") == "1"                      # the session goes on
+    with b.connect("app", USER) as c:
+        with pytest.raises(errors.FeatureNotSupported):
+            with c.cursor().copy("COPY versions (id, body) TO STDOUT"):
+                pass
+        assert c.execute("SELECT 2").fetchone()[0] == 2
+    assert stats(b)["refused"] == 3
+
+
+def copy_out(c, statement):
+    with c.cursor().copy(statement) as cp:
+        return b"".join(bytes(d) for d in cp)
+
+
+def test_copy_with_an_organization_works_and_reads_only_that_organization(router, app):
+    b = router()
+    with app.connect(dbname=APP_DB, user=USER) as d:
+        expect3 = copy_out(d, "COPY (SELECT * FROM documents WHERE organization_id = 3) TO STDOUT")
+        expect2 = copy_out(d, "COPY (SELECT id, title FROM documents WHERE organization_id = 2) TO STDOUT "
+                              "WITH (FORMAT csv)")
+    assert expect3.count(b"\n") == DOCS_PER_ORG
+    with b.connect("app", USER) as c:
+        # COPY (query) TO with the organization in the query
+        assert copy_out(c, "COPY (SELECT * FROM documents WHERE organization_id = 3) TO STDOUT") == expect3
+        # COPY table TO with the session's organization: only that organization's rows
+        c.execute("SET lokadb.org = 3")
+        assert copy_out(c, "COPY documents TO STDOUT") == expect3
+        # ... of an isolated organization: read from its leaf, options and column list kept
+        c.execute("SET lokadb.org = 2")
+        assert copy_out(c, "COPY documents (id, title) TO STDOUT WITH (FORMAT csv)") == expect2
+        # COPY FROM STDIN works with or without an organization
+        c.execute("RESET lokadb.org")
+        with c.cursor().copy("COPY versions (organization_id, document_id, body) FROM STDIN") as cp:
+            cp.write_row((3, 1, "copied in"))
+            cp.write_row((2, 1, "copied in"))
+        assert direct(app, "SELECT count(*) FROM versions WHERE body = 'copied in'")[0][0] == 2
+        c.execute("DELETE FROM versions WHERE body = 'copied in'")
+    lines = route_lines(b)
+    assert any("rewrite=copy" in l and "documents_o2_1" in l for l in lines), lines
+    assert any("rewrite=copy" in l and 'FROM public.documents documents WHERE' in l for l in lines), lines
+
+
+# ----------------------------------------------------- leaf addressing --
+
+def text_rows(port, dbname, statement):
+    """Rows as text through a raw simple-protocol connection (to PostgreSQL or lokadb)."""
+    with Wire(port=port, timeout=10 * SLOW) as w:
+        w.login(USER, dbname)
+        return w.query(statement).rows
+
+
+LEAF_SELECTS = [
+    # read by (organization_id, id)
+    "SELECT id, title, project_id FROM documents WHERE organization_id = {o} AND id = {id}",
+    # the ORM feed: a join with a cloud table, ORDER BY ... LIMIT
+    "SELECT d.id, d.title, p.name FROM documents d JOIN projects p ON p.id = d.project_id "
+    "WHERE d.organization_id = {o} ORDER BY d.id DESC LIMIT 20",
+    # aggregate
+    "SELECT project_id, count(*), max(created_at) FROM documents WHERE organization_id = {o} "
+    "GROUP BY project_id ORDER BY project_id",
+    # two tenant tables joined through the organization column
+    "SELECT d.id, v.body FROM documents d JOIN versions v ON v.document_id = d.id "
+    "AND v.organization_id = d.organization_id WHERE d.organization_id = {o} ORDER BY v.id LIMIT 7",
+    # CTE, outer join scoped on its nullable side
+    "WITH recent AS (SELECT * FROM documents WHERE organization_id = {o} ORDER BY created_at DESC LIMIT 5) "
+    "SELECT r.id, count(v.id) FROM recent r LEFT JOIN versions v ON v.document_id = r.id "
+    "AND v.organization_id = {o} GROUP BY r.id ORDER BY r.id",
+    # correlated EXISTS
+    "SELECT id FROM documents d WHERE d.organization_id = {o} AND EXISTS (SELECT 1 FROM versions v "
+    "WHERE v.organization_id = {o} AND v.document_id = d.id AND v.body LIKE 'v2%') ORDER BY id LIMIT 5",
+    # columns qualified by the table's own name (the rewrite keeps it as the alias)
+    "SELECT documents.id, documents.title FROM documents WHERE documents.organization_id = {o} "
+    "ORDER BY documents.id LIMIT 3",
+]
+
+
+def test_single_organization_statements_go_to_the_leaf_with_identical_results(router, app):
+    b = router()
+    some_id = direct(app, "SELECT min(id) FROM documents WHERE organization_id = 2")[0][0]
+    log0 = app.log_size()
+    for tmpl in LEAF_SELECTS:
+        stmt = tmpl.format(o=ISOLATED, id=some_id)
+        expected = text_rows(app.port, APP_DB, stmt)
+        assert expected, stmt
+        assert text_rows(b.port, "app", stmt) == expected, stmt                  # simple protocol
+        with b.connect("app", USER) as c:                                      # extended protocol
+            got = c.execute(stmt).fetchall()
+        assert [[None if v is None else str(v) for v in r] for r in got] == \
+            [[None if v is None else str(v) for v in r] for r in direct(app, stmt)], stmt
+    lines = [l for l in route_lines(b) if "rewrite=leaf" in l]
+    assert len(lines) == 2 * len(LEAF_SELECTS), route_lines(b)
+    assert all("documents_o2_1" in l for l in lines)
+    pglog = app.log_since(log0)
+    assert "documents_o2_1" in pglog and "versions_o2_1" in pglog            # what PostgreSQL ran
+    # DML on the leaf: same effect as on the parent
+    w = b.login("app", USER)
+    res = w.query(f"UPDATE documents SET title = title || '' WHERE organization_id = 2 AND id = {some_id} "
+                  "RETURNING id, title")
+    assert res.rows == text_rows(app.port, APP_DB, f"SELECT id, title FROM documents WHERE id = {some_id}")
+    res = w.query(f"INSERT INTO versions (organization_id, document_id, body) VALUES (2, {some_id}, 'leaf ins') "
+                  "RETURNING organization_id, document_id, body")
+    assert res.rows == [["2", str(some_id), "leaf ins"]]
+    assert direct(app, "SELECT tableoid::regclass::text FROM versions WHERE body = 'leaf ins'") == \
+        [("versions_o2_1",)]
+    res = w.query("DELETE FROM versions WHERE organization_id = 2 AND body = 'leaf ins' RETURNING body")
+    assert res.rows == [["leaf ins"]]
+    assert sum("rewrite=leaf" in l for l in route_lines(b)) == 2 * len(LEAF_SELECTS) + 3
+    # an organization without its own partition, a statement that may move rows, ONLY: no rewrite
+    w.query("SELECT count(*) FROM documents WHERE organization_id = 3")
+    w.query("UPDATE documents SET organization_id = 2 WHERE organization_id = 2 AND id = 0")
+    only = "SELECT count(*) FROM ONLY documents WHERE organization_id = 2"
+    assert w.query(only).rows == text_rows(app.port, APP_DB, only) == [["0"]]
+    assert sum("rewrite=leaf" in l for l in route_lines(b)) == 2 * len(LEAF_SELECTS) + 3
+    assert stats(b)["rewritten"] == 2 * len(LEAF_SELECTS) + 3
+
+
+def test_rewrite_off_keeps_statements_on_the_parent(router, app):
+    b = router(rewrite="off")
+    stmt = LEAF_SELECTS[1].format(o=ISOLATED)
+    assert text_rows(b.port, "app", stmt) == text_rows(app.port, APP_DB, stmt)
+    assert not any("rewrite=leaf" in l for l in route_lines(b))
+    assert stats(b)["rewritten"] == 0
+
+
+# ---------------------------------------- protocol features unchanged --
+
+def test_protocol_features_keep_working_through_the_plugin(router, app):
+    b = router(settings={"pool_mode": "session"})
+    n3 = direct(app, "SELECT count(*) FROM documents WHERE organization_id = 3")[0][0]
+    w = b.login("app", USER)
+    # a multi-statement Query message
+    res = w.query(f"SELECT 1; SELECT count(*) FROM documents WHERE organization_id = 3; SELECT {SETTING}")
+    assert res.rows == [["1"], [str(n3)], ["3"]] and res.tags == ["SELECT 1"] * 3
+    with b.connect("app", USER, autocommit=False) as c:
+        # transactions: rollback and commit
+        c.execute("INSERT INTO documents (organization_id, project_id, title) VALUES (3, 7, 'txn')")
+        c.rollback()
+        assert c.execute("SELECT count(*) FROM documents WHERE organization_id = 3 AND title = 'txn'"
+                         ).fetchone()[0] == 0
+        c.execute("INSERT INTO documents (organization_id, project_id, title) VALUES (3, 7, 'txn')")
+        c.commit()
+        assert direct(app, "SELECT count(*) FROM documents WHERE title = 'txn'")[0][0] == 1
+        # a server-side cursor (DECLARE / FETCH)
+        with c.cursor(name="feed") as cur:
+            cur.execute("SELECT id FROM documents WHERE organization_id = 2 ORDER BY id")
+            assert len(cur.fetchmany(5)) == 5 and len(cur.fetchall()) == DOCS_PER_ORG - 5
+        c.commit()
+        # executemany
+        c.cursor().executemany("INSERT INTO versions (organization_id, document_id, body) VALUES (%s, 1, 'many')",
+                               [(1,), (2,), (3,)])
+        c.commit()
+        assert direct(app, "SELECT count(*) FROM versions WHERE body = 'many'")[0][0] == 3
+        c.execute("DELETE FROM versions WHERE body = 'many'")
+        c.execute("DELETE FROM documents WHERE title = 'txn'")
+        c.commit()
+    with b.connect("app", USER, prepare_threshold=2) as c:
+        # prepared statements, executed again and again
+        for i in range(6):
+            org = ORGS[i % 3]
+            assert c.execute("SELECT count(*) FROM documents WHERE organization_id = %s", [org],
+                             prepare=True).fetchone()[0] == direct(
+                app, "SELECT count(*) FROM documents WHERE organization_id = %s", [org])[0][0]
+        c.execute("PREPARE p (bigint) AS SELECT count(*) FROM versions WHERE organization_id = $1")
+        assert c.execute("EXECUTE p (3)").fetchone()[0] == 2 * n3
+        # COPY in both directions
+        with c.cursor().copy("COPY versions (organization_id, document_id, body) FROM STDIN") as cp:
+            cp.write_row((1, 1, "c1"))
+        assert copy_out(c, "COPY (SELECT body FROM versions WHERE organization_id = 1 AND body = 'c1') "
+                           "TO STDOUT") == b"c1\n"
+        c.execute("DELETE FROM versions WHERE body = 'c1'")
+    # LISTEN / NOTIFY
+    got = []
+    with b.connect("app", USER) as listener, b.connect("app", USER) as talker:
+        listener.add_notify_handler(lambda n: got.append((n.channel, n.payload)))
+        listener.execute("LISTEN lokadb_test")
+        talker.execute("NOTIFY lokadb_test, 'hello'")
+        wait_until(lambda: listener.execute("SELECT 1") and got, 5 * SLOW, what="the notification")
+    assert got == [("lokadb_test", "hello")]
+
+
+def test_transaction_pooling_sets_the_organization_on_whichever_server_runs_it(router):
+    b = router(settings={"pool_mode": "transaction", "default_pool_size": 1})
+    a, o = b.login("app", USER), b.login("app", USER)
+    q_none = f"SELECT {SETTING}, count(*) FROM documents"
+    a.query("SET lokadb.org = 1")                   # runs on the one server, which keeps it
+    assert org_of(o, q_none) == ""                  # another client: cleared before its statement
+    assert org_of(a, q_none) == "1"
+    assert org_of(o, f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = 3") == "3"
+    assert org_of(a, q_none) == "1"
+    a.query("BEGIN")
+    assert org_of(a, f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = 3") == "3"
+    before = stats(b)["prefixes"]
+    assert org_of(a, f"SELECT {SETTING}, count(*) FROM versions WHERE organization_id = 3") == "3"
+    assert stats(b)["prefixes"] == before           # same server inside the block: known
+    a.query("COMMIT")
+    # concurrent clients of different organizations on a pool of 2
+    b2 = router(settings={"pool_mode": "transaction", "default_pool_size": 2})
+    errors_seen = []
+
+    def worker(org):
+        try:
+            with b2.connect("app", USER) as c:
+                for _ in range(40):
+                    r = c.execute(f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = {org}"
+                                  ).fetchone()
+                    if r[0] != str(org):
+                        errors_seen.append((org, r))
+        except Exception as e:  # noqa: BLE001 -- reported below
+            errors_seen.append((org, repr(e)))
+    threads = [threading.Thread(target=worker, args=(org,)) for org in ORGS]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30 * SLOW)
+    assert errors_seen == []
+
+
+UNUSUAL = [
+    "EXPLAIN (COSTS OFF) SELECT * FROM documents WHERE organization_id = 3",
+    "SELECT count(*) FROM documents WHERE organization_id = 2 UNION ALL "
+    "SELECT count(*) FROM documents WHERE organization_id = 2",
+    "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 3) "
+    "SELECT count(*) FROM r, documents d WHERE d.organization_id = 2",
+    "SELECT count(*) FROM documents TABLESAMPLE SYSTEM (100) WHERE organization_id = 2",
+    "SELECT count(*) FROM documents d, LATERAL (SELECT count(*) FROM versions v "
+    "WHERE v.document_id = d.id AND v.organization_id = 2) x WHERE d.organization_id = 2",
+    "SELECT (SELECT count(*) FROM documents WHERE organization_id = 2), "
+    "(SELECT count(*) FROM documents WHERE organization_id = 3)",
+    "SELECT count(*) FROM documents WHERE (organization_id, id) = (2, 1)",
+    "SELECT count(*) FROM public.documents d FULL JOIN versions v ON v.document_id = d.id "
+    "AND v.organization_id = 2 WHERE d.organization_id = 2",
+    "BEGIN; LOCK TABLE documents IN SHARE MODE; ROLLBACK",
+    "SELECT count(*) FROM documents WHERE organization_id = $1",
+    "SELECT * FROM documents WHERE organization_id = 2 AND no_such_column = 1",
+    "SELEC 1 FROM documents",
+    "INSERT INTO documents VALUES (2, DEFAULT, 1, 'no column list') RETURNING title",
+    "INSERT INTO documents (organization_id, project_id, title) SELECT 2, 1, 'from select' RETURNING title",
+    "SELECT count(*) FROM documents " + " ".join(f"JOIN versions v{i} ON v{i}.document_id = documents.id "
+                                                 f"AND v{i}.organization_id = documents.organization_id"
+                                                 for i in range(3)) + " WHERE documents.organization_id = 2",
+    "SELECT count(*) FROM documents WHERE organization_id = 2 AND " +
+    " AND ".join(f"{i} = {i}" for i in range(80)),
+]
+
+
+def outcome(w, stmt):
+    res = w.query(stmt, raise_error=False)
+    return (res.error.sqlstate if res.error else None), res.rows
+
+
+def test_unusual_statements_behave_as_without_the_plugin(router, app):
+    b = router()
+    with Wire(port=app.port, timeout=10 * SLOW) as d:
+        d.login(USER, APP_DB)
+        w = b.login("app", USER)
+        for stmt in UNUSUAL:
+            got, want = outcome(w, stmt), outcome(d, stmt)
+            if stmt.startswith("EXPLAIN"):
+                got, want = got[0], want[0]         # plans differ only by what was pruned
+            assert got == want, stmt
+    direct(app, "DELETE FROM documents WHERE title IN ('no column list', 'from select')")
+    assert b.alive()
+
+# ------------------------------------------------------ catalog changes --
+
+def test_a_live_session_sees_an_organization_isolated_after_it_connected(router, app):
+    b = router()
+    w = b.login("app", USER)
+    stmt = "SELECT count(*) FROM documents WHERE organization_id = 4"
+    w.query(stmt)
+    assert route_lines(b)[-1].endswith("rewrite=no prefix=sent")
+    v0 = int(b.admin_dicts("SHOW META_CACHE")[0]["version"])
+    with app.connect(dbname=APP_DB) as c:
+        with c.transaction():
+            c.execute("INSERT INTO organizations VALUES (4, 'org 4') ON CONFLICT DO NOTHING")
+            for t in ("documents", "versions"):
+                c.execute(f"CREATE TABLE IF NOT EXISTS {t}_o4 PARTITION OF {t} FOR VALUES IN (4) "
+                          "PARTITION BY LIST (organization_id)")
+                c.execute(f"CREATE TABLE IF NOT EXISTS {t}_o4_1 PARTITION OF {t}_o4 FOR VALUES IN (4)")
+                c.execute(f"GRANT ALL ON {t}_o4_1 TO PUBLIC")
+            c.execute("INSERT INTO lokadb.orgs (id, name, isolated) VALUES ('4', 'org 4', true)")
+            c.execute("INSERT INTO lokadb.partitions VALUES ('public', 'documents', '4', 'documents_o4', "
+                      "'documents_o4_1'), ('public', 'versions', '4', 'versions_o4', 'versions_o4_1')")
+    wait_until(lambda: int(b.admin_dicts("SHOW META_CACHE")[0]["version"]) > v0, 5 * SLOW,
+               what="meta_cache to load the change")
+    w.query(stmt)
+    assert "rewrite=leaf" in route_lines(b)[-1] and "documents_o4_1" in route_lines(b)[-1]
+    assert stats(b)["parse_cache_invalidations"] >= 1
+
+
+# --------------------------------------------- route_log, SHOW, settings --
+
+def test_route_log_is_off_by_default_and_writes_one_line_per_statement_when_on(router):
+    b = router(route_log="off")
+    assert b.show_config()["plugin.org_routing.route_log"]["default"] == "off"
+    w = b.login("app", USER)
+    w.query("SELECT count(*) FROM documents WHERE organization_id = 3")
+    assert route_lines(b) == []
+    b.admin("SET plugin.org_routing.route_log = 'on'")
+    w.query("SELECT count(*) FROM documents WHERE organization_id = 2")
+    w.query("SELECT count(*) FROM projects")
+    lines = route_lines(b)
+    assert len(lines) == 2, lines
+    assert re.search(r"LOG plugin org_routing: C-\d+ Q org=2 decision=statement target=SELECT .*documents_o2_1"
+                     r".* rewrite=leaf prefix=sent$", lines[0]), lines[0]
+    assert re.search(r"C-\d+ Q org=- decision=pass target=- rewrite=no prefix=-$", lines[1]), lines[1]
+    res = b.admin_result("SET plugin.org_routing.route_log = 'maybe'")
+    assert_error(res.error, "22023", "must be on or off")
+
+
+def test_show_org_routing_counts_the_parse_cache_and_the_decisions(router):
+    b = router(extra="parse_cache_size = 16\n")
+    assert list(b.admin_dicts("SHOW ORG_ROUTING")[0].keys()) == SHOW_COLUMNS
+    w = b.login("app", USER)
+    st0 = stats(b)
+    for _ in range(3):
+        w.query("SELECT count(*) FROM documents WHERE organization_id = 3")
+    st = stats(b)
+    assert st["parse_cache_misses"] - st0["parse_cache_misses"] == 1
+    assert st["parse_cache_hits"] - st0["parse_cache_hits"] == 2
+    assert st["statements_routed"] - st0["statements_routed"] == 3
+    assert st["org_from_statement"] - st0["org_from_statement"] == 3
+    for i in range(20):
+        w.query(f"SELECT {i}")
+    st = stats(b)
+    assert st["parse_cache_size"] == 16 and st["parse_cache_entries"] <= 16 and st["parse_cache_evictions"] >= 4
+    assert st["statements_passed"] >= 20
+    res = b.admin_result("SET plugin.org_routing.parse_cache_size = '3'")
+    assert_error(res.error, "22023", "must be a number of statements 16..1000000")
+
+
+def test_org_routing_needs_meta_cache(bouncer_factory, app):
+    b = bouncer_factory(settings={"plugins": "org_routing"}, start=False)
+    r = b.run_foreground()
+    assert r.returncode != 0
+    assert "org_routing needs the plugin meta_cache" in r.stderr
+
+
+
+def test_no_prefix_goes_into_the_middle_of_a_batch(router):
+    """A Query between the messages of an extended-protocol batch would end up
+    among the batch's replies (the core hides replies up to the prefix's
+    ReadyForQuery); the plugin sends its prefix only before the first message
+    of a batch."""
+    b = router()
+    w = b.login("app", USER)
+    q1 = Wire.parse_msg(f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = 1")
+    q3 = Wire.parse_msg(f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = 3")
+    bad = Wire.parse_msg("SELECT no_such_column FROM projects")
+    n = {o: str(direct(b.pg, "SELECT count(*) FROM documents WHERE organization_id = %s", [o])[0][0])
+         for o in (1, 3)}
+    one = Wire.bind_msg() + Wire.execute_msg()
+    w.send(q1 + one + q3 + one + Wire.sync_msg())
+    res = w.read_until_ready(timeout=5 * SLOW)
+    assert res.error is None and [r[1] for r in res.rows] == [n[1], n[3]]
+    assert [m[0] for m in res.messages] == [b"1", b"2", b"D", b"C", b"1", b"2", b"D", b"C", b"Z"]
+    # an error early in the batch: PostgreSQL skips to the Sync, the client gets its error
+    w.send(bad + one + q3 + one + Wire.sync_msg())
+    res = w.read_until_ready(timeout=5 * SLOW)
+    assert_error(res.error, "42703", "no_such_column")
+    assert w.query(f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = 3").rows == [["3", n[3]]]
+    assert stats(b)["prefixes_skipped"] >= 2
