@@ -16,7 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define SETTINGS_IN_STRUCT 58	/* fields from logfile to plugin_dir */
+#define SETTINGS_IN_STRUCT 64	/* fields from logfile to plugin_dir */
 
 struct fx {
 	bool made;		/* dir exists and must be removed */
@@ -491,8 +491,8 @@ static bool test_unsupported(void)
 	bool ok = true;
 
 	CHECK(fx_init(&fx));
-	CHECK(load_fails(&fx, "[pgbouncer]\nclient_tls_sslmode = require\n",
-			 ":2: setting \"client_tls_sslmode\" is not supported by this version of lokadb"));
+	CHECK(load_fails(&fx, "[pgbouncer]\nserver_tls_sslmode = require\n",
+			 ":2: setting \"server_tls_sslmode\" is not supported by this version of lokadb"));
 	CHECK(load_fails(&fx, "[pgbouncer]\nauth_user = pgbouncer\n",
 			 ":2: setting \"auth_user\" is not supported by this version of lokadb"));
 	CHECK(load_fails(&fx, "[pgbouncer]\nauth_hba_file = /etc/hba.conf\n",
