@@ -44,9 +44,10 @@ endif
 PLUGIN_CFLAGS = $(CFLAGS) -fPIC -fvisibility=hidden -shared
 PLUGIN_SOS = $(foreach n,$(PLUGIN_NAMES),$(PLUGIN_OUT)/$(n)/$(n).so)
 define plugin_rule
-$(PLUGIN_OUT)/$(1)/$(1).so: $(wildcard plugins/$(1)/*.c plugins/$(1)/*.h) $(wildcard include/lokadb/*.h) config.mk
+$(PLUGIN_OUT)/$(1)/$(1).so: $(wildcard plugins/$(1)/*.c plugins/$(1)/*.h plugins/$(1)/*.sql) $(wildcard include/lokadb/*.h) config.mk
 	@mkdir -p $$(dir $$@)
 	$$(CC) $$(PLUGIN_CFLAGS) -Iplugins/$(1) -o $$@ $(wildcard plugins/$(1)/*.c) $$(SANFLAGS) $$(DEP_LIBS)
+	@for f in $(wildcard plugins/$(1)/*.sql); do [ "$$$$(dirname $$$$f)" = "$$(dir $$@:/=)" ] || cp -f $$$$f $$(dir $$@); done
 endef
 $(foreach n,$(PLUGIN_NAMES),$(eval $(call plugin_rule,$(n))))
 plugins: $(PLUGIN_SOS)
@@ -120,7 +121,9 @@ install: all
 	install -m 755 lokadb $(DESTDIR)$(PREFIX)/bin/lokadb
 	install -d $(DESTDIR)$(PREFIX)/lib/lokadb/plugins $(DESTDIR)$(PREFIX)/include/lokadb
 	install -m 644 include/lokadb/*.h $(DESTDIR)$(PREFIX)/include/lokadb/
-	for n in $(PLUGIN_NAMES); do install -m 755 plugins/$$n/$$n.so $(DESTDIR)$(PREFIX)/lib/lokadb/plugins/; done
+	for n in $(PLUGIN_NAMES); do install -d $(DESTDIR)$(PREFIX)/lib/lokadb/plugins/$$n; \
+		install -m 755 plugins/$$n/$$n.so $(DESTDIR)$(PREFIX)/lib/lokadb/plugins/$$n/; \
+		for f in plugins/$$n/*.sql; do [ -e "$$f" ] && install -m 644 "$$f" $(DESTDIR)$(PREFIX)/lib/lokadb/plugins/$$n/ || true; done; done
 	install -m 644 doc/*.md README.md $(DESTDIR)$(PREFIX)/share/doc/lokadb/
 	install -m 644 etc/*.ini etc/*.txt $(DESTDIR)$(PREFIX)/share/lokadb/etc/
 

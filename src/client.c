@@ -863,10 +863,13 @@ static void note_sent_to_server(struct client *c, char type)
 		s->ext_open = false;
 		break;
 	case 'P':
+	case 'C':
+		s->acks_pending++;	/* ParseComplete / CloseComplete to come */
+		s->ext_open = true;
+		break;
 	case 'B':
 	case 'E':
 	case 'D':
-	case 'C':
 	case 'H':
 		s->ext_open = true;
 		break;
@@ -1051,6 +1054,18 @@ static bool watched_message(struct client *c, struct evbuffer *in, char type, ui
 	}
 	for (int i = 0; i < n_prefix; i++)
 		server_send_hidden(c->link, prefix[i]);
+	if (type == 'B') {
+		struct server *s = c->link;
+		int hidden;
+		if (s->n_hide < (int)(sizeof(s->hide) / sizeof(s->hide[0])) &&
+		    plugin_query_reparse_msgs(c, ev, &rt->pb, &hidden)) {
+			s->hide[s->n_hide].after = s->acks_pending;
+			s->hide[s->n_hide].count = (uint8_t)hidden;
+			s->n_hide++;
+			s->ext_open = true;
+			pkt_send(&rt->pb, bufferevent_get_output(s->bev));
+		}
+	}
 	c->request_time = rt->now;
 	note_sent_to_server(c, type);
 	if (plugin_query_build(c, ev, &rt->pb)) {

@@ -221,6 +221,9 @@ struct server {
 	bool ready;			/* nothing owed, idle in no transaction */
 	bool copy_in;
 	bool ext_open;			/* extended-protocol messages sent since the last Sync */
+	uint32_t acks_pending;		/* ParseComplete/CloseComplete the client's messages still await */
+	uint8_t n_hide;			/* pooler-injected Close/Parse whose acks are dropped: */
+	struct { uint32_t after; uint8_t count; } hide[8];	/* ... after `after` visible acks, drop `count` */
 	bool close_needed;		/* RECONNECT / config change: close when released */
 	bool checked;			/* ran a query of the pooler since its last client */
 	bool closing;
@@ -465,6 +468,8 @@ enum lk_hook plugin_event_hook(const struct lk_event *ev);
 void plugin_query_answer(struct client *c, struct lk_event *ev, char status);
 void plugin_note_parse(struct client *c, const char *name, const char *sql);
 bool plugin_query_binds_unnamed(const struct lk_event *ev);
+void plugin_note_parse_types(struct client *c, const char *name, const char *sql, const uint8_t *types, uint32_t len);
+bool plugin_query_reparse_msgs(struct client *c, struct lk_event *ev, struct pktbuf *pb, int *hidden_acks);
 bool plugin_startup_param_ok(const char *name);
 void client_hook_resumed(struct client *c, struct lk_event *ev);
 static inline bool hook_on(enum lk_hook h)

@@ -86,6 +86,7 @@ struct lk_event {
 	bool *param_set;
 	char **prefix;
 	int n_prefix;
+	char *reparse;			/* B: parse the bound statement again with this text first */
 	char *route;
 	struct lk_result *res;
 };
@@ -169,6 +170,8 @@ struct lk_pg {
 struct stmt_text {
 	struct stmt_text *next;
 	char *name, *sql;
+	uint8_t *types;			/* the Parse's parameter type block: int16 n + n int32 OIDs */
+	uint32_t types_len;
 };
 
 static struct {
@@ -187,6 +190,7 @@ static struct {
 } P;
 
 static const struct lk_api api_table;
+static void stmt_free(struct stmt_text *st);
 
 /* ================= small helpers ================= */
 
@@ -238,6 +242,7 @@ void plugin_event_free(struct lk_event *ev)
 		free(ev->prefix[i]);
 	free(ev->prefix);
 	free(ev->route);
+	free(ev->reparse);
 	result_free(ev->res);
 	free(ev);
 }
@@ -1081,9 +1086,7 @@ void plugin_client_free(struct client *c)
 	}
 	for (st = c->stmts; st; st = next) {
 		next = st->next;
-		free(st->name);
-		free(st->sql);
-		free(st);
+		stmt_free(st);
 	}
 	c->stmts = NULL;
 	free(c->pctx);
@@ -1109,7 +1112,42 @@ static const char *lookup_stmt(struct client *c, const char *name)
 }
 
 /* A Parse went to the server: remember its text for the QUERY hook of Binds. */
+static void stmt_set_types(struct stmt_text *st, const uint8_t *types, uint32_t len)
+{
+	free(st->types);
+	st->types = NULL;
+	st->types_len = 0;
+	if (types && len) {
+		st->types = malloc(len);
+		if (st->types) {
+			memcpy(st->types, types, len);
+			st->types_len = len;
+		}
+	}
+}
+
+static void stmt_free(struct stmt_text *st)
+{
+	free(st->name);
+	free(st->sql);
+	free(st->types);
+	free(st);
+}
+
+static struct stmt_text *stmt_find(struct client *c, const char *name)
+{
+	for (struct stmt_text *st = c->stmts; st; st = st->next)
+		if (strcmp(st->name, name) == 0)
+			return st;
+	return NULL;
+}
+
 void plugin_note_parse(struct client *c, const char *name, const char *sql)
+{
+	plugin_note_parse_types(c, name, sql, NULL, 0);
+}
+
+void plugin_note_parse_types(struct client *c, const char *name, const char *sql, const uint8_t *types, uint32_t len)
 {
 	struct stmt_text *st, **pp;
 	int n = 0;
@@ -1117,6 +1155,8 @@ void plugin_note_parse(struct client *c, const char *name, const char *sql)
 	for (pp = &c->stmts; (st = *pp); pp = &st->next, n++) {
 		if (strcmp(st->name, name) == 0) {
 			set_str(&st->sql, sql);
+			if (types)
+				stmt_set_types(st, types, len);
 			return;
 		}
 	}
@@ -1124,14 +1164,13 @@ void plugin_note_parse(struct client *c, const char *name, const char *sql)
 		struct stmt_text **last = &c->stmts;
 		while ((*last)->next)
 			last = &(*last)->next;
-		free((*last)->name);
-		free((*last)->sql);
-		free(*last);
+		stmt_free(*last);
 		*last = NULL;
 	}
 	st = xcalloc(1, sizeof(*st));
 	st->name = xstrdup(name);
 	st->sql = xstrdup(sql);
+	stmt_set_types(st, types, len);
 	st->next = c->stmts;
 	c->stmts = st;
 }
@@ -1340,6 +1379,46 @@ static int api_query_prefix(lk_event *ev, const char *sql)
 	return 0;
 }
 
+static int api_query_reparse(lk_event *ev, const char *sql)
+{
+	if (ev->hook != LK_HOOK_QUERY || ev->qtype != 'B' || !sql || !*sql || !ev->bound_sql)
+		return -1;
+	set_str(&ev->reparse, sql);
+	return 0;
+}
+
+/*
+ * A decided Bind with a re-parse: the Close (named statements) and Parse to
+ * send before it, into pb. Returns false when there is none.
+ */
+bool plugin_query_reparse_msgs(struct client *c, struct lk_event *ev, struct pktbuf *pb, int *hidden_acks)
+{
+	struct stmt_text *st;
+
+	*hidden_acks = 0;
+	if (!ev->reparse || ev->qtype != 'B')
+		return false;
+	st = stmt_find(c, ev->stmt);
+	if (ev->stmt[0]) {
+		pkt_begin(pb, 'C');
+		pkt_put_byte(pb, 'S');
+		pkt_put_string(pb, ev->stmt);
+		pkt_end(pb);
+		(*hidden_acks)++;
+	}
+	pkt_begin(pb, 'P');
+	pkt_put_string(pb, ev->stmt);
+	pkt_put_string(pb, ev->reparse);
+	if (st && st->types_len >= 2)
+		pkt_put_bytes(pb, st->types, st->types_len);
+	else
+		pkt_put_int16(pb, 0);
+	pkt_end(pb);
+	(*hidden_acks)++;
+	plugin_note_parse(c, ev->stmt, ev->reparse);
+	return true;
+}
+
 static int set_route(lk_event *ev, const char *dbname)
 {
 	struct client *c = ev->c;
@@ -1424,7 +1503,8 @@ bool plugin_query_build(struct client *c, struct lk_event *ev, struct pktbuf *pb
 			pkt_end(pb);
 			changed = true;
 		}
-		plugin_note_parse(c, ev->stmt, ev->new_sql ? ev->new_sql : ev->sql);
+		plugin_note_parse_types(c, ev->stmt, ev->new_sql ? ev->new_sql : ev->sql,
+					ev->body + ev->params_off - 2, 2 + 4u * (uint32_t)ev->nparams);
 		break;
 	case 'B':
 		if (ev->param_set) {
@@ -2496,4 +2576,5 @@ static const struct lk_api api_table = {
 	.pg_close = api_pg_close,
 	.client_set_affinity = api_client_set_affinity,
 	.startup_parameter = api_startup_parameter,
+	.query_reparse = api_query_reparse,
 };

@@ -500,6 +500,25 @@ static void server_became_ready(struct server *s)
 		pool_release(s);
 }
 
+/*
+ * A ParseComplete/CloseComplete while the pooler has Close/Parse messages of
+ * its own in the batch: is this one of them? (s->hide: after `after` more
+ * acks of the client's messages come `count` of ours.)
+ */
+static bool ack_is_hidden(struct server *s)
+{
+	if (s->hide[0].after == 0) {
+		if (--s->hide[0].count == 0) {
+			s->n_hide--;
+			memmove(s->hide, s->hide + 1, sizeof(s->hide[0]) * s->n_hide);
+		}
+		return true;
+	}
+	for (int i = 0; i < s->n_hide; i++)
+		s->hide[i].after--;
+	return false;
+}
+
 /* ReadyForQuery: 6 bytes are in `in`. */
 static void handle_rfq(struct server *s, struct evbuffer *in, const uint8_t *hdr)
 {
@@ -508,6 +527,10 @@ static void handle_rfq(struct server *s, struct evbuffer *in, const uint8_t *hdr
 	struct client *c = s->link;
 
 	s->fwd_hidden = kind == PEND_HIDDEN || kind < 0;
+	if (kind == PEND_SYNC || kind == PEND_CLIENT) {
+		s->acks_pending = 0;	/* a Sync ends the batch: acks of skipped messages never come */
+		s->n_hide = 0;
+	}
 	if (kind == PEND_CLIENT || kind == PEND_SYNC)
 		account_rfq(s, status);
 	s->txn_status = status;
@@ -574,6 +597,16 @@ static bool server_message(struct server *s, struct evbuffer *in)
 			return false;
 		handle_rfq(s, in, hdr);
 		return true;
+	case '1':
+	case '3':
+		if (s->n_hide && ack_is_hidden(s)) {
+			s->fwd_hidden = true;	/* a Close/Parse the pooler sent (query_reparse) */
+			move_bytes(s, in, len + 1);
+			return true;
+		}
+		if (s->acks_pending)
+			s->acks_pending--;
+		break;
 	case 'G':
 		s->copy_in = true;
 		/* a COPY started by Execute: PostgreSQL ignores the Sync already sent */

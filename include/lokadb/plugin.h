@@ -40,7 +40,7 @@ extern "C" {
 
 #define LK_PLUGIN_MAGIC 0x4c4b504cu	/* "LKPL" */
 #define LK_ABI_MAJOR 1
-#define LK_ABI_MINOR 2
+#define LK_ABI_MINOR 3
 #define LK_PLUGIN_SYMBOL "lokadb_plugin"
 
 /* Opaque handles. */
@@ -342,6 +342,15 @@ struct lk_api {
 	 * refused, the value is not sent to the server, and the plugin reads it
 	 * with client_param() (the key, or "options"). Any time; 0 or -1. */
 	int (*startup_parameter)(lk_plugin *self, const char *name);
+
+	/* ---- ABI 1.3 ---- */
+	/* B only, when query_sql() is known: parse the statement this Bind
+	 * binds again with `sql` (same name, same declared parameter types)
+	 * right before the Bind, pipelined, its replies hidden; the statement
+	 * keeps the new text. For decisions that need the parameter values,
+	 * such as addressing a statement to the partition of the organization
+	 * given as $1. 0 or -1. */
+	int (*query_reparse)(lk_event *ev, const char *sql);
 };
 
 #ifdef __cplusplus

@@ -243,7 +243,7 @@ def test_show_config_lists_declared_plugin_settings(bouncer_factory):
     assert cfg["plugin.t_hooks.hold_ms"]["value"] == "300"
     assert cfg["plugin.t_hooks.hold_ms"]["default"] == "300"
     assert cfg["plugin.t_hooks.reject_user"]["value"] == ""
-    assert len([k for k in cfg if k.startswith("plugin.t_hooks.")]) == 36
+    assert len([k for k in cfg if k.startswith("plugin.t_hooks.")]) == 38
     assert last(b)["setting_mode"] == "b"
     c = counters(b)
     assert c["config_check"] >= 1 and c["config_apply"] == 1 and c["apply_reloading"] == 0
@@ -711,6 +711,30 @@ def test_query_set_param_rewrites_a_bind_value(bouncer_factory):
     seen = last(b)
     assert seen["bind_sql"] == "select $1::text, $2::text" and seen["bind_param0"] == "secret-in"
     assert seen["query_statement"] == ""
+
+
+def test_query_reparse_parses_the_bound_statement_again_before_the_bind(bouncer_factory):
+    b = hooks(bouncer_factory, {"watch": "all", "reparse_from": "'first'", "reparse_to": "'second'"},
+              settings={"pool_mode": "transaction"})
+    with b.connect("p0", "pooluser1") as c:
+        # unnamed statement (psycopg's default with parameters): Parse, Bind, Execute, Sync
+        assert c.execute("select 'first' || %s::text", ["!"]).fetchone()[0] == "second!"
+        # a named prepared statement, bound several times, in a transaction block
+        with c.transaction():
+            for i in range(3):
+                assert c.execute("select 'first' || %s::text", [str(i)], prepare=True).fetchone()[0] \
+                    == f"second{i}"
+        # several statements pipelined in one batch: every reply in its place
+        with c.pipeline():
+            curs = [c.execute("select 'first' || %s::text, %s::int", ["p", i]) for i in range(4)]
+        assert [cu.fetchone() for cu in curs] == [("secondp", i) for i in range(4)]
+        assert c.execute("select 1").fetchone()[0] == 1        # statements without the marker
+    # a re-parse that fails reaches the client as its error, and the session goes on
+    b2 = hooks(bouncer_factory, {"watch": "all", "reparse_from": "'first'", "reparse_to": "syntax error here"})
+    with b2.connect("p0", "pooluser1") as c:
+        with pytest.raises(psycopg.errors.SyntaxError):
+            c.execute("select 'first' || %s::text", ["!"])
+        assert c.execute("select %s::int + 1", [1]).fetchone()[0] == 2
 
 
 # --------------------------------------------------------------- AFFINITY --

@@ -395,6 +395,13 @@ static int on_query(lk_plugin *self, lk_event *ev)
 		return go_async(x, P_QUERY_FAIL, ev, ms_setting("async_ms"));
 	if (x && has(sql, "async_marker"))
 		return go_async(x, P_QUERY, ev, ms_setting("async_ms"));
+	if (t == 'B' && *S("reparse_from") && strstr(sql, S("reparse_from"))) {
+		char *nsql = replace_all(sql, S("reparse_from"), S("reparse_to"));
+		int rc = nsql ? api->query_reparse(ev, nsql) : -1;
+		free(nsql);
+		if (rc != 0)
+			return api->fail(ev, "XX000", "t_hooks: query_reparse failed");
+	}
 	if ((t == 'Q' || t == 'P') && has(sql, "rewrite_from")) {
 		char *nsql = replace_all(sql, S("rewrite_from"), S("rewrite_to"));
 		int rc = nsql ? api->query_rewrite(ev, nsql) : -1;
@@ -758,6 +765,8 @@ static const struct {
 	{ "route_hold_user", "", "ROUTE holds this user hold_ms" },
 	{ "route_fail_user", "", "ROUTE fails this user with 53300" },
 	{ "set_param_from", "", "QUERY replaces Bind values equal to this ..." },
+	{ "reparse_from", "", "QUERY (B): the bound statement is parsed again with this text replaced ..." },
+	{ "reparse_to", "", "... by this" },
 	{ "set_param_to", "", "... with this" },
 	{ "pg_conninfo", "", "conninfo for T_HOOKS PG" },
 };
