@@ -227,6 +227,7 @@ static void show_clients(struct admin_ctx *a)
 
 static void server_row(struct admin_ctx *a, struct server *s, const char *state)
 {
+	char tlsbuf[128];
 	char host[64], b[8][24], ct[40], ptr[24], link[24];
 	int port;
 	const char *v[N_SOCK_COLS];
@@ -238,7 +239,8 @@ static void server_row(struct admin_ctx *a, struct server *s, const char *state)
 	v[0] = "S"; v[1] = s->pool->login_user; v[2] = s->pool->db->name; v[3] = "no"; v[4] = state; v[5] = host;
 	v[6] = fmt_int(b[0], port); v[7] = ""; v[8] = "0"; v[9] = ct; v[10] = ct; v[11] = "0"; v[12] = "0";
 	v[13] = s->close_needed ? "1" : "0"; v[14] = ptr; v[15] = s->link ? link : "";
-	v[16] = fmt_int(b[1], s->backend_pid); v[17] = ""; v[18] = s->vars.v[VAR_APPNAME] ? s->vars.v[VAR_APPNAME] : "";
+	v[16] = fmt_int(b[1], s->backend_pid);
+	v[17] = s->io.tls ? tls_describe(s->bev, tlsbuf, sizeof(tlsbuf)) : ""; v[18] = s->vars.v[VAR_APPNAME] ? s->vars.v[VAR_APPNAME] : "";
 	v[19] = "0"; v[20] = fmt_u64(b[2], s->id);
 	pkt_data_row(a->pb, N_SOCK_COLS, v);
 }
@@ -598,7 +600,8 @@ static void cmd_set(struct admin_ctx *a)
 			finish(a, "SET");
 		return;
 	}
-	if (strncasecmp(a->args[1], "client_tls_", 11) == 0) {
+	if (strncasecmp(a->args[1], "client_tls_", 11) == 0 || strncasecmp(a->args[1], "server_tls_", 11) == 0) {
+		bool server_side = strncasecmp(a->args[1], "server_tls_", 11) == 0;
 		/* check the new TLS context before keeping the value */
 		const struct cf_setting *st = config_find(a->args[1]);
 		char old[512];
@@ -609,13 +612,13 @@ static void cmd_set(struct admin_ctx *a)
 			fail(a, "22023", err);
 			return;
 		}
-		if (!tls_client_check(rt->cf, &ctx, err, sizeof(err))) {
+		if (!(server_side ? tls_server_check : tls_client_check)(rt->cf, &ctx, err, sizeof(err))) {
 			char ignore[64];
 			config_set(rt->cf, a->args[1], old, ignore, sizeof(ignore));
 			fail(a, "22023", err);
 			return;
 		}
-		tls_client_apply(ctx);
+		(server_side ? tls_server_apply : tls_client_apply)(ctx);
 		finish(a, "SET");
 		return;
 	}

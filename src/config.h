@@ -133,6 +133,12 @@ struct lk_config {
 	char *client_tls_ca_file;
 	char *client_tls_protocols;
 	char *client_tls_ciphers;
+	int server_tls_sslmode;		/* enum sslmode */
+	char *server_tls_ca_file;
+	char *server_tls_cert_file;
+	char *server_tls_key_file;
+	char *server_tls_protocols;
+	char *server_tls_ciphers;
 	usec_t idle_transaction_timeout;
 	usec_t suspend_timeout;
 	int64_t max_message_bytes;

@@ -221,6 +221,7 @@ struct server {
 	bool ready;			/* nothing owed, idle in no transaction */
 	bool copy_in;
 	bool ext_open;			/* extended-protocol messages sent since the last Sync */
+	uint8_t tls_step;		/* 0 plain, 1 SSLRequest sent, 2 TLS handshake, 3 TLS up */
 	uint32_t acks_pending;		/* ParseComplete/CloseComplete the client's messages still await */
 	uint8_t n_hide;			/* pooler-injected Close/Parse whose acks are dropped: */
 	struct { uint32_t after; uint8_t count; } hide[8];	/* ... after `after` visible acks, drop `count` */
@@ -487,6 +488,9 @@ const char *tls_describe(struct bufferevent *bev, char *buf, size_t len);
 const char *tls_error(struct bufferevent *bev, char *buf, size_t len);
 bool tls_handshake_done(struct bufferevent *bev);
 void tls_free_all(void);
+bool tls_server_check(const struct lk_config *cf, void **ctx, char *err, size_t errlen);
+void tls_server_apply(void *ctx);
+struct ssl_st *tls_server_new(const char *host);
 
 /* dns.c */
 typedef void (*dns_cb)(void *arg, const struct sockaddr *sa, socklen_t len, const char *error);

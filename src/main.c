@@ -141,6 +141,13 @@ int main(int argc, char **argv)
 			return 1;
 		}
 		tls_client_apply(ctx);
+		if (!tls_server_check(rt->cf, &ctx, err, sizeof(err))) {
+			log_fatal("%s", err);
+			if (rt->quiet || rt->daemon)
+				fprintf(stderr, "lokadb: %s\n", err);
+			return 1;
+		}
+		tls_server_apply(ctx);
 	}
 	if (!plugins_load(rt->cf, err, sizeof(err)) || !plugins_check(rt->cf, false, err, sizeof(err))) {
 		log_fatal("%s", err);

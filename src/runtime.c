@@ -202,7 +202,7 @@ static void arm_stats_timer(void)
 bool lokadb_reload(char *err, size_t errlen)
 {
 	struct lk_config *nc = config_load(rt->config_path, err, errlen), *old;
-	void *tls_ctx = NULL;
+	void *tls_ctx = NULL, *tls_sctx = NULL;
 
 	if (!nc) {
 		log_error("RELOAD failed, keeping the old configuration: %s", err);
@@ -223,8 +223,10 @@ bool lokadb_reload(char *err, size_t errlen)
 		if (s->type == CF_STR)
 			*(char **)((char *)rt->cf + s->offset) = NULL;	/* moved to nc */
 	}
-	if (!tls_client_check(nc, &tls_ctx, err, errlen) || !plugins_check(nc, true, err, errlen)) {
+	if (!tls_client_check(nc, &tls_ctx, err, errlen) || !tls_server_check(nc, &tls_sctx, err, errlen) ||
+	    !plugins_check(nc, true, err, errlen)) {
 		tls_client_discard(tls_ctx);
+		tls_client_discard(tls_sctx);
 		log_error("RELOAD failed, keeping the old configuration: %s", err);
 		/* give the non-reloadable strings back */
 		for (const struct cf_setting *s = config_settings; s->name; s++)
@@ -238,6 +240,7 @@ bool lokadb_reload(char *err, size_t errlen)
 	old = rt->cf;
 	rt->cf = nc;
 	tls_client_apply(tls_ctx);
+	tls_server_apply(tls_sctx);
 	runtime_apply_log_settings();
 	plugins_apply(true);
 	pool_apply_config(old);

@@ -177,7 +177,7 @@ void server_free_now(struct server *s)
 	event_active(rt->justfree_ev, EV_TIMEOUT, 0);
 }
 
-/* The socket is connected: start the login. */
+/* The socket is connected: ask for TLS (server_tls_sslmode), or start the login. */
 static void server_connected(struct server *s)
 {
 	s->connected = true;
@@ -187,7 +187,58 @@ static void server_connected(struct server *s)
 		return;
 	}
 	conn_want_read(&s->io, true);
+	if (rt->cf->server_tls_sslmode != SSL_DISABLE && s->addr.ss_family != AF_UNIX && !s->pool->db->conf.transport) {
+		static const uint8_t ssl_request[8] = { 0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f };
+		s->tls_step = 1;
+		bufferevent_write(s->bev, ssl_request, sizeof(ssl_request));
+		return;
+	}
 	server_start_login(s);
+}
+
+static void server_tls_fail(struct server *s, const char *msg)
+{
+	char buf[512];
+	snprintf(buf, sizeof(buf), "could not connect to server: %s", msg);
+	pool_server_login_failed(s->pool, "08001", buf);
+	server_close(s, "%s", buf);
+}
+
+/* The answer to our SSLRequest: 'S' starts the handshake, 'N' goes on in plaintext (or fails). */
+static void server_ssl_answer(struct server *s, struct evbuffer *in)
+{
+	int mode = rt->cf->server_tls_sslmode;
+	uint8_t answer;
+	struct ssl_st *ssl;
+	struct bufferevent *nb;
+
+	if (evbuffer_remove(in, &answer, 1) != 1)
+		return;
+	if (answer == 'N') {
+		if (mode >= SSL_REQUIRE) {
+			server_tls_fail(s, "the server does not support TLS (server_tls_sslmode requires it)");
+			return;
+		}
+		s->tls_step = 0;
+		server_start_login(s);
+		return;
+	}
+	if (answer != 'S' || evbuffer_get_length(in) > 0) {
+		server_tls_fail(s, answer == 'S' ? "received unencrypted data after the SSL answer"
+						 : "invalid answer to the SSL request");
+		return;
+	}
+	ssl = tls_server_new(s->pool->db->conf.host);
+	nb = ssl ? conn_start_tls(&s->io, s->bev, ssl, false) : NULL;
+	if (!nb) {
+		server_close(s, "could not start TLS: out of memory");
+		return;
+	}
+	s->bev = nb;
+	s->tls_step = 2;
+	bufferevent_setcb(nb, server_read_cb, server_write_cb, server_event_cb, s);
+	bufferevent_setwatermark(nb, EV_WRITE, WRITE_LOW_WATER, 0);
+	bufferevent_enable(nb, EV_READ | EV_WRITE);
 }
 
 /* A plugin transport handed over a connected stream socket. */
@@ -220,7 +271,18 @@ static void server_event_cb(struct bufferevent *bev, short what, void *arg)
 	struct server *s = arg;
 	(void)bev;
 	if (what & BEV_EVENT_CONNECTED) {
+		if (s->tls_step == 2) {		/* TLS handshake done */
+			s->tls_step = 3;
+			server_start_login(s);
+			return;
+		}
 		server_connected(s);
+		return;
+	}
+	if (s->tls_step == 2) {
+		char buf[256];
+		server_tls_fail(s, (what & BEV_EVENT_EOF) ? "server closed the connection during the TLS handshake" :
+				tls_error(s->bev, buf, sizeof(buf)));
 		return;
 	}
 	if (s->state == SV_LOGIN) {
@@ -652,6 +714,13 @@ void server_process(struct server *s)
 		return;
 	in = bufferevent_get_input(s->bev);
 	while (!s->closing && !s->throttled) {
+		if (s->tls_step == 1) {
+			server_ssl_answer(s, in);
+			if (s->tls_step == 1 || s->closing)
+				break;
+			in = bufferevent_get_input(s->bev);
+			continue;
+		}
 		if (s->state == SV_LOGIN) {
 			login_step(s, in);
 			if (s->state == SV_LOGIN)

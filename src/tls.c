@@ -20,8 +20,12 @@
 #include <string.h>
 #include <strings.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <openssl/err.h>
 #include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 
 #include <event2/bufferevent_ssl.h>
 
@@ -39,7 +43,7 @@ static void ssl_error_text(char *buf, size_t len)
 }
 
 /* "secure", "all", or a comma/space list of tlsv1.2 / tlsv1.3. */
-static bool protocol_range(const char *spec, int *min, int *max, char *err, size_t errlen)
+static bool protocol_range(const char *side, const char *spec, int *min, int *max, char *err, size_t errlen)
 {
 	char *copy, *save = NULL, *tok;
 	bool ok = true;
@@ -68,7 +72,7 @@ static bool protocol_range(const char *spec, int *min, int *max, char *err, size
 		else if (strcasecmp(tok, "tlsv1") == 0 || strcasecmp(tok, "tlsv1.0") == 0)
 			v = TLS1_VERSION;
 		else {
-			snprintf(err, errlen, "client_tls_protocols: unknown protocol \"%s\" (use secure, all, tlsv1.2, tlsv1.3)", tok);
+			snprintf(err, errlen, "%s_tls_protocols: unknown protocol \"%s\" (use secure, all, tlsv1.2, tlsv1.3)", side, tok);
 			ok = false;
 			break;
 		}
@@ -81,7 +85,8 @@ static bool protocol_range(const char *spec, int *min, int *max, char *err, size
 	return ok;
 }
 
-static bool load_file(SSL_CTX *ctx, const struct lk_config *cf, const char *file, int kind, char *err, size_t errlen)
+static bool load_file(SSL_CTX *ctx, const struct lk_config *cf, const char *side, const char *file, int kind,
+		      char *err, size_t errlen)
 {
 	char *path = config_file_path(cf, file), ssl_err[256];
 	int rc;
@@ -98,14 +103,69 @@ static bool load_file(SSL_CTX *ctx, const struct lk_config *cf, const char *file
 		rc = SSL_CTX_load_verify_locations(ctx, path, NULL);
 	if (rc != 1) {
 		ssl_error_text(ssl_err, sizeof(ssl_err));
-		snprintf(err, errlen, "%s: cannot load %s: %s",
-			 kind == 0 ? "client_tls_cert_file" : kind == 1 ? "client_tls_key_file" : "client_tls_ca_file",
-			 path, ssl_err);
+		snprintf(err, errlen, "%s_tls_%s: cannot load %s: %s", side,
+			 kind == 0 ? "cert_file" : kind == 1 ? "key_file" : "ca_file", path, ssl_err);
 		free(path);
 		return false;
 	}
 	free(path);
 	return true;
+}
+
+struct tls_side {
+	const char *side;		/* "client" or "server": the settings' prefix */
+	int mode;
+	const char *key, *cert, *ca, *protocols, *ciphers;
+};
+
+static SSL_CTX *build_ctx(const struct lk_config *cf, const struct tls_side *t, bool accept, char *err, size_t errlen)
+{
+	SSL_CTX *ctx;
+	int min, max;
+	char ssl_err[256];
+
+	if (!protocol_range(t->side, t->protocols, &min, &max, err, errlen))
+		return NULL;
+	ctx = SSL_CTX_new(accept ? TLS_server_method() : TLS_client_method());
+	if (!ctx) {
+		ssl_error_text(ssl_err, sizeof(ssl_err));
+		snprintf(err, errlen, "cannot create a TLS context: %s", ssl_err);
+		return NULL;
+	}
+	SSL_CTX_set_min_proto_version(ctx, min);
+	SSL_CTX_set_max_proto_version(ctx, max);
+	SSL_CTX_set_options(ctx, SSL_OP_NO_COMPRESSION | SSL_OP_NO_RENEGOTIATION |
+			    (accept ? SSL_OP_CIPHER_SERVER_PREFERENCE : 0));
+	SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+	if (t->ciphers && *t->ciphers && strcasecmp(t->ciphers, "default") != 0 &&
+	    SSL_CTX_set_cipher_list(ctx, strcasecmp(t->ciphers, "secure") == 0 ? "HIGH:!aNULL:!MD5" : t->ciphers) != 1) {
+		ssl_error_text(ssl_err, sizeof(ssl_err));
+		snprintf(err, errlen, "%s_tls_ciphers: %s", t->side, ssl_err);
+		goto fail;
+	}
+	if (t->cert || t->key) {
+		if (!t->cert || !t->key) {
+			snprintf(err, errlen, "%s_tls_key_file and %s_tls_cert_file must be set together", t->side, t->side);
+			goto fail;
+		}
+		if (!load_file(ctx, cf, t->side, t->cert, 0, err, errlen) ||
+		    !load_file(ctx, cf, t->side, t->key, 1, err, errlen))
+			goto fail;
+		if (SSL_CTX_check_private_key(ctx) != 1) {
+			snprintf(err, errlen, "%s_tls_key_file does not match %s_tls_cert_file", t->side, t->side);
+			goto fail;
+		}
+	}
+	if (t->ca) {
+		if (!load_file(ctx, cf, t->side, t->ca, 2, err, errlen))
+			goto fail;
+		if (t->mode >= SSL_VERIFY_CA)
+			SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | (accept ? SSL_VERIFY_FAIL_IF_NO_PEER_CERT : 0), NULL);
+	}
+	return ctx;
+fail:
+	SSL_CTX_free(ctx);
+	return NULL;
 }
 
 /*
@@ -114,9 +174,8 @@ static bool load_file(SSL_CTX *ctx, const struct lk_config *cf, const char *file
  */
 bool tls_client_check(const struct lk_config *cf, void **out, char *err, size_t errlen)
 {
-	SSL_CTX *ctx;
-	int min, max;
-	char ssl_err[256];
+	struct tls_side t = { "client", cf->client_tls_sslmode, cf->client_tls_key_file, cf->client_tls_cert_file,
+			      cf->client_tls_ca_file, cf->client_tls_protocols, cf->client_tls_ciphers };
 
 	*out = NULL;
 	if (cf->client_tls_sslmode == SSL_DISABLE)
@@ -131,44 +190,60 @@ bool tls_client_check(const struct lk_config *cf, void **out, char *err, size_t 
 		snprintf(err, errlen, "client_tls_sslmode verify-ca/verify-full needs client_tls_ca_file");
 		return false;
 	}
-	if (!protocol_range(cf->client_tls_protocols, &min, &max, err, errlen))
-		return false;
-	ctx = SSL_CTX_new(TLS_server_method());
-	if (!ctx) {
-		ssl_error_text(ssl_err, sizeof(ssl_err));
-		snprintf(err, errlen, "cannot create a TLS context: %s", ssl_err);
-		return false;
-	}
-	SSL_CTX_set_min_proto_version(ctx, min);
-	SSL_CTX_set_max_proto_version(ctx, max);
-	SSL_CTX_set_options(ctx, SSL_OP_NO_COMPRESSION | SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE);
-	SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
-	if (cf->client_tls_ciphers && *cf->client_tls_ciphers && strcasecmp(cf->client_tls_ciphers, "default") != 0 &&
-	    SSL_CTX_set_cipher_list(ctx, strcasecmp(cf->client_tls_ciphers, "secure") == 0 ? "HIGH:!aNULL:!MD5" :
-				   cf->client_tls_ciphers) != 1) {
-		ssl_error_text(ssl_err, sizeof(ssl_err));
-		snprintf(err, errlen, "client_tls_ciphers: %s", ssl_err);
-		SSL_CTX_free(ctx);
+	*out = build_ctx(cf, &t, true, err, errlen);
+	return *out != NULL;
+}
+
+/* The context for connections to PostgreSQL (NULL when server_tls_sslmode is disable). */
+bool tls_server_check(const struct lk_config *cf, void **out, char *err, size_t errlen)
+{
+	struct tls_side t = { "server", cf->server_tls_sslmode, cf->server_tls_key_file, cf->server_tls_cert_file,
+			      cf->server_tls_ca_file, cf->server_tls_protocols, cf->server_tls_ciphers };
+
+	*out = NULL;
+	if (cf->server_tls_sslmode == SSL_DISABLE)
+		return true;
+	if (cf->server_tls_sslmode >= SSL_VERIFY_CA && !cf->server_tls_ca_file) {
+		snprintf(err, errlen, "server_tls_sslmode verify-ca/verify-full needs server_tls_ca_file");
 		return false;
 	}
-	if (!load_file(ctx, cf, cf->client_tls_cert_file, 0, err, errlen) ||
-	    !load_file(ctx, cf, cf->client_tls_key_file, 1, err, errlen))
-		goto fail;
-	if (SSL_CTX_check_private_key(ctx) != 1) {
-		snprintf(err, errlen, "client_tls_key_file does not match client_tls_cert_file");
-		goto fail;
+	*out = build_ctx(cf, &t, false, err, errlen);
+	return *out != NULL;
+}
+
+static SSL_CTX *server_ctx;
+
+void tls_server_apply(void *ctx)
+{
+	if (server_ctx)
+		SSL_CTX_free(server_ctx);
+	server_ctx = ctx;
+}
+
+/* A new client-side SSL object for a server connection to `host`, or NULL. */
+SSL *tls_server_new(const char *host)
+{
+	SSL *ssl;
+
+	if (!server_ctx)
+		return NULL;
+	ssl = SSL_new(server_ctx);
+	if (!ssl)
+		return NULL;
+	if (host && *host && host[0] != '/') {
+		struct in6_addr a6;
+		struct in_addr a4;
+		bool is_ip = inet_pton(AF_INET, host, &a4) == 1 || inet_pton(AF_INET6, host, &a6) == 1;
+		if (!is_ip)
+			SSL_set_tlsext_host_name(ssl, host);
+		if (rt->cf->server_tls_sslmode == SSL_VERIFY_FULL) {
+			if (is_ip)
+				X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), host);
+			else
+				SSL_set1_host(ssl, host);
+		}
 	}
-	if (cf->client_tls_ca_file) {
-		if (!load_file(ctx, cf, cf->client_tls_ca_file, 2, err, errlen))
-			goto fail;
-		if (cf->client_tls_sslmode >= SSL_VERIFY_CA)
-			SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
-	}
-	*out = ctx;
-	return true;
-fail:
-	SSL_CTX_free(ctx);
-	return false;
+	return ssl;
 }
 
 /* Make a context from tls_client_check() the one new clients get. */
@@ -230,4 +305,5 @@ const char *tls_error(struct bufferevent *bev, char *buf, size_t len)
 void tls_free_all(void)
 {
 	tls_client_apply(NULL);
+	tls_server_apply(NULL);
 }

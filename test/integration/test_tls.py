@@ -6,15 +6,17 @@ for a client certificate; bad files refuse the start or the RELOAD; new
 certificates are used after RELOAD. Certificates are made with the openssl
 command in the test's directory.
 """
+import os
 import socket
 import ssl
+import time
 import struct
 import subprocess
 
 import psycopg
 import pytest
 
-from lokadb_harness import SSL_REQUEST_CODE, USERS, Wire
+from lokadb_harness import IS_ROOT, SSL_REQUEST_CODE, USERS, Bouncer, Postgres, Wire, _pg_user_ids
 
 def openssl(*args, cwd):
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
@@ -28,11 +30,13 @@ def certs(tmp_path_factory):
     d = tmp_path_factory.mktemp("certs")
     openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
             "-days", "2", "-subj", "/CN=lokadb test CA", cwd=d)
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
     for name, cn in (("server", "127.0.0.1"), ("client", "trustuser")):
         openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
                 "-subj", f"/CN={cn}", cwd=d)
         openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-                "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", cwd=d)
+                "-CAcreateserial", "-out", f"{name}.pem", "-days", "2",
+                *(["-extfile", "san.ext"] if name == "server" else []), cwd=d)
     openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "other.key", "-out", "other.pem",
             "-days", "2", "-subj", "/CN=second server cert", cwd=d)
     openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "rogue.key", "-out", "rogue.pem",
@@ -205,3 +209,84 @@ def test_set_of_a_tls_setting_is_checked(bouncer_factory, certs):
     assert res.error is None
     with pytest.raises(psycopg.OperationalError):
         tls_connect(b)
+
+
+# ------------------------------------------------------- TLS to PostgreSQL --
+
+@pytest.fixture(scope="module")
+def ssl_pg(tmp_tree, certs):
+    """A cluster of its own with ssl = on (server.pem, signed by the test CA)."""
+    base = tmp_tree.new_dir("sslpg")
+    base.chmod(0o755)
+    cluster = Postgres(base)
+    try:
+        cluster.start()
+        for f in ("server.pem", "server.key"):
+            dst = cluster.datadir / f
+            dst.write_bytes((certs / f).read_bytes())
+            dst.chmod(0o600)
+            if IS_ROOT:
+                os.chown(dst, *_pg_user_ids())
+        cluster.sql("ALTER SYSTEM SET ssl_cert_file = 'server.pem'")
+        cluster.sql("ALTER SYSTEM SET ssl_key_file = 'server.key'")
+        cluster.sql("ALTER SYSTEM SET ssl = on")
+        cluster.sql("SELECT pg_reload_conf()")
+        for _ in range(50):
+            if cluster.sql("SHOW ssl")[0][0] == "on":
+                break
+            time.sleep(0.1)
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def ssl_bouncer(ssl_pg, tmp_tree):
+    made = []
+
+    def make(settings=None):
+        b = Bouncer(ssl_pg, tmp_tree.new_dir("sslbouncer"), settings=settings)
+        made.append(b)
+        b.start()
+        return b
+    yield make
+    for b in made:
+        b.stop()
+
+
+def backend_ssl(c):
+    return c.execute("select ssl, version from pg_stat_ssl where pid = pg_backend_pid()").fetchone()
+
+
+def test_server_connections_use_tls_when_the_server_offers_it(ssl_bouncer):
+    b = ssl_bouncer()                                   # server_tls_sslmode defaults to prefer
+    with b.connect() as c:
+        ssl_on, version = backend_ssl(c)
+        assert ssl_on is True and version.startswith("TLSv1.")
+        rows = c.execute("select repeat('y', 500) from generate_series(1, 4000)").fetchall()
+        assert len(rows) == 4000
+        servers = [r for r in b.admin_dicts("SHOW SERVERS") if r["database"] == "p0"]
+        assert servers and all(r["tls"].startswith("TLSv1.") for r in servers), servers
+
+
+def test_server_tls_disable_connects_in_plaintext(ssl_bouncer):
+    b = ssl_bouncer({"server_tls_sslmode": "disable"})
+    with b.connect() as c:
+        assert backend_ssl(c)[0] is False
+
+
+def test_server_tls_require_fails_against_a_server_without_tls(bouncer_factory):
+    b = bouncer_factory(settings={"server_tls_sslmode": "require"})   # the shared cluster has ssl = off
+    with pytest.raises(psycopg.OperationalError, match="does not support TLS"):
+        b.connect()
+    assert "does not support TLS" in b.log()
+
+
+def test_server_tls_verify_full_checks_the_ca_and_the_host(ssl_bouncer, certs):
+    b = ssl_bouncer({"server_tls_sslmode": "verify-full", "server_tls_ca_file": str(certs / "ca.pem")})
+    with b.connect() as c:
+        assert backend_ssl(c)[0] is True
+    # a CA that did not sign the server's certificate: the login fails, clearly
+    bad = ssl_bouncer({"server_tls_sslmode": "verify-ca", "server_tls_ca_file": str(certs / "other.pem")})
+    with pytest.raises(psycopg.OperationalError, match="certificate verify failed"):
+        bad.connect()
