@@ -169,6 +169,7 @@ void client_free_now(struct client *c)
 	if (c->hooked)
 		plugin_client_close(c);
 	plugin_client_free(c);
+	authq_cancel(c);
 	if (c->bev) {
 		conn_free(&c->io, c->bev);
 		c->bev = NULL;
@@ -535,9 +536,29 @@ static void client_auth_start(struct client *c)
 	}
 	{
 		const struct auth_entry *ae = config_find_auth(rt->cf, c->user);
+		if (!ae && c->db && !admin_is_dbname(c->dbname) && authq_start(c))
+			return;		/* c->authq: client_authq_done() goes on */
 		c->secret = ae ? xstrdup(ae->secret) : NULL;
 	}
 	client_auth_method(c);
+}
+
+/* auth_query answered: the user's secret (NULL: no such user), or an error. */
+void client_authq_done(struct client *c, const char *secret, const char *error)
+{
+	if (c->closing)
+		return;
+	if (error) {
+		log_warning("auth_query for user %s failed: %s", c->user, error);
+		client_close(c, "08001", "could not look up the password of user \"%s\" (auth_query): %s", c->user, error);
+		return;
+	}
+	c->secret = secret ? xstrdup(secret) : NULL;
+	if (!c->secret)
+		c->secret_missing = true;
+	client_auth_method(c);
+	if (!c->closing)
+		client_resume(c);
 }
 
 /* AUTH_LOOKUP finished: its secret (LK_HANDLED), auth_file (LK_CONTINUE) or an error. */
@@ -1177,8 +1198,8 @@ void client_process(struct client *c)
 	log_noise("client %llu process state %d, %zu bytes", (unsigned long long)c->id, c->state, evbuffer_get_length(in));
 	while (!c->closing) {
 		if (c->state == CL_LOGIN) {
-			if (c->lev)
-				break;	/* a plugin's CLIENT_STARTUP / AUTH_LOOKUP is running */
+			if (c->lev || c->authq)
+				break;	/* a plugin's CLIENT_STARTUP / AUTH_LOOKUP, or auth_query, is running */
 			/* after login, what came in the same read is handled below */
 			if (!(c->auth_step ? read_auth_message(c, in) : read_startup(c, in)))
 				break;

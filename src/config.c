@@ -89,10 +89,17 @@ const struct cf_setting config_settings[] = {
 		"Users allowed to run every admin console command (comma-separated; `*` = any user)."),
 	BOOL_ROW(application_name_add_host, "0", true,
 		 "Append the client's address and port to application_name when it logs in."),
+	STR_ROW(auth_dbname, NULL, true,
+		"Database auth_query runs in (empty: the database the client asked for)."),
 	STR_ROW(auth_file, NULL, true,
 		"File of `\"user\" \"secret\"` lines; a relative path is relative to the ini file's directory."),
+	STR_ROW(auth_query, "SELECT rolname, CASE WHEN rolvaliduntil < now() THEN NULL ELSE rolpassword END "
+		"FROM pg_authid WHERE rolname=$1 AND rolcanlogin", true,
+		"Query that returns (user, secret) for a user not in auth_file, run as auth_user."),
 	ENUM_ROW(auth_type, "md5", auth_type_names,
 		 "How clients prove who they are: any, trust, plain, md5 or scram-sha-256."),
+	STR_ROW(auth_user, NULL, true,
+		"User that runs auth_query (its password in auth_file); a [databases] entry's auth_user overrides it."),
 	TIME_ROW(autodb_idle_timeout, "3600", true,
 		 "Drop pools made from the `*` database entry once unused for this long."),
 	TIME_ROW(client_idle_timeout, "0", true,
@@ -249,16 +256,9 @@ static const struct pgb_setting {
 	const char *name;
 	const char *accept[ACCEPT_MAX];
 } pgb_unsupported[] = {
-	{ "auth_dbname", { NULL } },
 	{ "auth_hba_file", { NULL } },
 	{ "auth_ident_file", { NULL } },
 	{ "auth_ldap_options", { NULL } },
-	{ "auth_query", { "SELECT rolname, CASE WHEN rolvaliduntil < now() THEN NULL ELSE rolpassword END "
-			  "FROM pg_authid WHERE rolname=$1 AND rolcanlogin",
-			  "SELECT rolname, CASE WHEN rolvaliduntil < pg_catalog.now() THEN NULL ELSE rolpassword END "
-			  "FROM pg_authid WHERE rolname=$1 AND rolcanlogin",
-			  "SELECT usename, passwd FROM pg_shadow WHERE usename=$1" } },
-	{ "auth_user", { NULL } },
 	{ "cancel_wait_timeout", { "10" } },
 	{ "client_tls13_ciphers", { NULL } },
 	{ "client_tls_dheparams", { "auto" } },

@@ -105,6 +105,9 @@ struct lk_config {
 	int listen_backlog;
 	int auth_type;		/* enum auth_type */
 	char *auth_file;
+	char *auth_user;	/* runs auth_query */
+	char *auth_query;
+	char *auth_dbname;
 	char *admin_users;	/* comma list */
 	char *stats_users;	/* comma list */
 	int pool_mode;		/* enum pool_mode */

@@ -184,6 +184,7 @@ struct client {
 	uint8_t scram_keys[64];		/* ClientKey + ServerKey from its SCRAM login */
 	bool has_scram_keys;
 	bool secret_missing;		/* a plugin's AUTH_LOOKUP said: no such user */
+	struct authq_req *authq;	/* auth_query lookup in progress */
 	bool tls;			/* the connection runs TLS */
 	char *peer_ident;
 	/* plugins */
@@ -477,6 +478,19 @@ static inline bool hook_on(enum lk_hook h)
 {
 	return rt->hooks[h].n != 0;
 }
+
+/* the libpq helper of plugin.c, for the core's own queries (auth_query) */
+struct lk_pg *core_pg_connect(const char *conninfo, lk_pg_state_fn fn, void *arg);
+int core_pg_query(struct lk_pg *pg, const char *sql, int nparams, const char *const *params, lk_pg_result_fn fn,
+		  void *arg);
+void core_pg_close(struct lk_pg *pg);
+struct pg_conn *core_pg_conn(struct lk_pg *pg);
+
+/* authq.c */
+struct authq_req;
+bool authq_start(struct client *c);
+void authq_cancel(struct client *c);
+void client_authq_done(struct client *c, const char *secret, const char *error);
 
 /* tls.c */
 bool tls_client_check(const struct lk_config *cf, void **ctx, char *err, size_t errlen);

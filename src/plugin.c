@@ -2436,6 +2436,31 @@ static void api_client_set_affinity(lk_client *h, const char *key, int max_per_s
 	c->aff_max = max_per_server;
 }
 
+/* ================= the core's own use of the libpq helper ================= */
+
+static struct lk_plugin core_owner = { .name = (char *)"core" };
+
+struct lk_pg *core_pg_connect(const char *conninfo, lk_pg_state_fn fn, void *arg)
+{
+	return api_pg_connect(&core_owner, conninfo, fn, arg);
+}
+
+int core_pg_query(struct lk_pg *pg, const char *sql, int nparams, const char *const *params, lk_pg_result_fn fn,
+		  void *arg)
+{
+	return api_pg_query(pg, sql, nparams, params, fn, arg);
+}
+
+void core_pg_close(struct lk_pg *pg)
+{
+	api_pg_close(pg);
+}
+
+struct pg_conn *core_pg_conn(struct lk_pg *pg)
+{
+	return api_pg_conn(pg);
+}
+
 /* ================= teardown ================= */
 
 void plugins_fini(void)

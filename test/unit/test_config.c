@@ -16,7 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define SETTINGS_IN_STRUCT 70	/* fields from logfile to plugin_dir */
+#define SETTINGS_IN_STRUCT 73	/* fields from logfile to plugin_dir */
 
 struct fx {
 	bool made;		/* dir exists and must be removed */
@@ -493,8 +493,8 @@ static bool test_unsupported(void)
 	CHECK(fx_init(&fx));
 	CHECK(load_fails(&fx, "[pgbouncer]\nauth_hba_file = /etc/hba\n",
 			 ":2: setting \"auth_hba_file\" is not supported by this version of lokadb"));
-	CHECK(load_fails(&fx, "[pgbouncer]\nauth_user = pgbouncer\n",
-			 ":2: setting \"auth_user\" is not supported by this version of lokadb"));
+	CHECK(load_fails(&fx, "[pgbouncer]\nauth_ident_file = /etc/ident\n",
+			 ":2: setting \"auth_ident_file\" is not supported by this version of lokadb"));
 	CHECK(load_fails(&fx, "[pgbouncer]\nauth_hba_file = /etc/hba.conf\n",
 			 ":2: setting \"auth_hba_file\" is not supported by this version of lokadb"));
 	CHECK(load_fails(&fx, "[pgbouncer]\nmax_prepared_statements = 100\n",
