@@ -528,6 +528,10 @@ static void client_auth_start(struct client *c)
 		client_close(c, "3D000", "no such database: %s", c->dbname);
 		return;
 	}
+	if (c->db && admin_db_disabled(c->db)) {	/* console DISABLE; PgBouncer's text and SQLSTATE */
+		client_close(c, "08P01", "database does not allow connections: %s", c->dbname);
+		return;
+	}
 	if (hook_on(LK_HOOK_AUTH_LOOKUP) && !admin_is_dbname(c->dbname)) {
 		if (plugin_auth_lookup(c) == LK_ASYNC)
 			return;		/* c->lev: resumed by the plugin */

@@ -423,6 +423,7 @@ void admin_handle(struct client *c, const char *sql);
 void admin_janitor(void);
 bool admin_is_dbname(const char *name);
 bool admin_is_core_command(const char *name);
+bool admin_db_disabled(const struct lk_db *db);	/* console DISABLE db */
 
 /* runtime.c */
 void runtime_init(void);
@@ -512,5 +513,8 @@ struct dns_ctx *dns_new(struct event_base *base);
 void dns_free(struct dns_ctx *d);
 void dns_resolve(struct dns_ctx *d, const char *host, int port, dns_cb cb, void *arg);
 void dns_cancel_arg(struct dns_ctx *d, void *arg);
+/* The resolver cache, one call per host name (SHOW DNS_HOSTS): sa NULL for a cached failure; expires monotonic. */
+typedef void (*dns_walk_fn)(void *arg, const char *host, const struct sockaddr *sa, socklen_t len, usec_t expires);
+void dns_walk(struct dns_ctx *d, dns_walk_fn fn, void *arg);
 
 #endif

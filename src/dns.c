@@ -285,3 +285,12 @@ void dns_cancel_arg(struct dns_ctx *d, void *arg)
 		if (r->arg == arg)
 			r->arg = NULL;
 }
+
+/* Every cached host name (SHOW DNS_HOSTS, SHOW LISTS). */
+void dns_walk(struct dns_ctx *d, dns_walk_fn fn, void *arg)
+{
+	if (!d)
+		return;
+	for (const struct dns_cache *e = d->cache; e; e = e->next)
+		fn(arg, e->host, e->error ? NULL : (const struct sockaddr *)&e->addr, e->error ? 0 : e->len, e->expires);
+}
