@@ -47,7 +47,7 @@ define plugin_rule
 $(PLUGIN_OUT)/$(1)/$(1).so: $(wildcard plugins/$(1)/*.c plugins/$(1)/*.h plugins/$(1)/*.sql) $(wildcard include/lokadb/*.h) config.mk
 	@mkdir -p $$(dir $$@)
 	$$(CC) $$(PLUGIN_CFLAGS) -Iplugins/$(1) -o $$@ $(wildcard plugins/$(1)/*.c) $$(SANFLAGS) $$(DEP_LIBS)
-	@for f in $(wildcard plugins/$(1)/*.sql); do [ "$$$$(dirname $$$$f)" = "$$(dir $$@:/=)" ] || cp -f $$$$f $$(dir $$@); done
+	$(if $(filter-out plugins,$(PLUGIN_OUT)),@for f in $(wildcard plugins/$(1)/*.sql); do cp -f $$$$f $$(dir $$@); done)
 endef
 $(foreach n,$(PLUGIN_NAMES),$(eval $(call plugin_rule,$(n))))
 plugins: $(PLUGIN_SOS)
