@@ -48,7 +48,9 @@ bool admin_is_core_command(const char *name)
 	first[n] = 0;
 	if (strcasecmp(first, "show") == 0)
 		return !sp || find_view(sp + 1) != NULL;
-	return is_command_word(first);
+	/* "ENABLE TABLE": a two-word plugin command is matched before the core's
+	 * one-word commands, so only a one-word name can clash with them */
+	return !sp && is_command_word(first);
 }
 
 /* ---- result helpers ---- */
