@@ -1079,11 +1079,18 @@ static bool watched_message(struct client *c, struct evbuffer *in, char type, ui
 	}
 	for (int i = 0; i < n_prefix; i++)
 		server_send_hidden(c->link, prefix[i]);
-	if (type == 'B') {
+	if (type == 'B' && plugin_query_wants_reparse(ev)) {
 		struct server *s = c->link;
 		int hidden;
-		if (s->n_hide < (int)(sizeof(s->hide) / sizeof(s->hide[0])) &&
-		    plugin_query_reparse_msgs(c, ev, &rt->pb, &hidden)) {
+		/* the hidden acks are counted per batch: refuse rather than risk showing one */
+		if (s->n_hide >= (int)(sizeof(s->hide) / sizeof(s->hide[0])) || pend_has_client(&s->pend)) {
+			c->qev = NULL;
+			fail_message(c, in, type, len, "0A000",
+				     "a plugin's re-parse cannot be sent while an earlier pipelined batch is still running");
+			plugin_event_free(ev);
+			return !c->closing;
+		}
+		if (plugin_query_reparse_msgs(c, ev, &rt->pb, &hidden)) {
 			s->hide[s->n_hide].after = s->acks_pending;
 			s->hide[s->n_hide].count = (uint8_t)hidden;
 			s->n_hide++;

@@ -369,6 +369,7 @@ void conn_spares_free(void);
 bool pend_push(struct pendq *q, enum pend_kind k);
 int pend_pop(struct pendq *q);	/* -1 when empty */
 int pend_head(const struct pendq *q);
+bool pend_has_client(const struct pendq *q);
 void pend_free(struct pendq *q);
 
 /* client.c */
@@ -471,6 +472,7 @@ enum lk_hook plugin_event_hook(const struct lk_event *ev);
 void plugin_query_answer(struct client *c, struct lk_event *ev, char status);
 void plugin_note_parse(struct client *c, const char *name, const char *sql);
 bool plugin_query_binds_unnamed(const struct lk_event *ev);
+bool plugin_query_wants_reparse(const struct lk_event *ev);
 void plugin_note_parse_types(struct client *c, const char *name, const char *sql, const uint8_t *types, uint32_t len);
 bool plugin_query_reparse_msgs(struct client *c, struct lk_event *ev, struct pktbuf *pb, int *hidden_acks);
 bool plugin_startup_param_ok(const char *name);

@@ -1478,6 +1478,11 @@ enum lk_hook plugin_event_hook(const struct lk_event *ev)
 	return ev->hook;
 }
 
+bool plugin_query_wants_reparse(const struct lk_event *ev)
+{
+	return ev->reparse != NULL;
+}
+
 bool plugin_query_binds_unnamed(const struct lk_event *ev)
 {
 	return ev->qtype == 'B' && ev->stmt && !ev->stmt[0];

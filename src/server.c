@@ -597,7 +597,8 @@ static void handle_rfq(struct server *s, struct evbuffer *in, const uint8_t *hdr
 		account_rfq(s, status);
 	s->txn_status = status;
 	move_bytes(s, in, 6);
-	if (s->pend.count || status != 'I' || s->copy_in) {
+	if (s->pend.count || status != 'I' || s->copy_in || s->ext_open) {
+		/* ext_open: a prefix answered while the client's batch has no Sync yet */
 		if (c && status != 'I' && pool_mode_of(s->pool) == POOL_STATEMENT && !s->pend.count)
 			client_close(c, "08P01", "transaction blocks not allowed in statement pooling mode");
 		return;

@@ -182,6 +182,15 @@ bool pend_push(struct pendq *q, enum pend_kind k)
 	return true;
 }
 
+/* Does the server still owe a ReadyForQuery for a client's Query/Sync? */
+bool pend_has_client(const struct pendq *q)
+{
+	for (uint32_t i = 0; i < q->count; i++)
+		if (q->kind[(q->head + i) % q->cap] != PEND_HIDDEN)
+			return true;
+	return false;
+}
+
 int pend_head(const struct pendq *q)
 {
 	return q->count ? q->kind[q->head] : -1;

@@ -952,6 +952,11 @@ static void effects(struct an *x, const Node *n)
 			break;
 		case PG_QUERY__TRANSACTION_STMT_KIND__TRANS_STMT_ROLLBACK:
 			x->st->effect = OR_FX_ROLLBACK;
+			x->a->ends_txn = true;
+			break;
+		case PG_QUERY__TRANSACTION_STMT_KIND__TRANS_STMT_COMMIT:
+		case PG_QUERY__TRANSACTION_STMT_KIND__TRANS_STMT_PREPARE:
+			x->a->ends_txn = true;	/* not an effect: still passes untouched */
 			break;
 		default:
 			break;

@@ -87,9 +87,43 @@ struct or_cache *or_cache_new(size_t capacity)
 
 static void memo_clear(struct or_rewrite_memo *m)
 {
-	free(m->org);
-	free(m->sql);
+	for (int i = 0; i < OR_MEMO_SLOTS; i++) {
+		free(m->slot[i].org);
+		free(m->slot[i].sql);
+	}
 	memset(m, 0, sizeof(*m));
+}
+
+bool or_memo_get(const struct or_rewrite_memo *m, const char *org, uint64_t version, const char **sql)
+{
+	for (int i = 0; i < OR_MEMO_SLOTS; i++)
+		if (m->slot[i].org && m->slot[i].version == version && strcmp(m->slot[i].org, org) == 0) {
+			*sql = m->slot[i].sql;
+			return true;
+		}
+	return false;
+}
+
+bool or_memo_put(struct or_rewrite_memo *m, const char *org, uint64_t version, char *sql)
+{
+	unsigned i = m->next;
+	char *o = strdup(org);
+
+	if (!o) {
+		free(sql);
+		return false;
+	}
+	for (unsigned k = 0; k < OR_MEMO_SLOTS; k++)	/* the same org with an older version first */
+		if (m->slot[k].org && strcmp(m->slot[k].org, org) == 0)
+			i = k;
+	if (i == m->next)
+		m->next = (m->next + 1) % OR_MEMO_SLOTS;
+	free(m->slot[i].org);
+	free(m->slot[i].sql);
+	m->slot[i].org = o;
+	m->slot[i].sql = sql;
+	m->slot[i].version = version;
+	return true;
 }
 
 static void entry_clear(struct entry *e)

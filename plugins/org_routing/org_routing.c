@@ -3,21 +3,26 @@
  * org_routing -- decide each statement's organization (DESIGN §8), make the
  * server session agree with it, address single-organization statements to
  * the organization's leaf partitions, refuse COPY ... TO that would read
- * every organization.
+ * every organization, keep each organization on its own server connections
+ * (pool affinity), hold the statements of a paused organization, and keep
+ * PostgreSQL's generic plans away from prepared statements.
  *
  * Hooks:
  *   CONFIG_CHECK/APPLY  [plugin.org_routing] route_log, parse_cache_size,
- *                       rewrite, databases; needs the meta_cache.v1 service.
+ *                       rewrite, databases, org_affinity, pause_timeout,
+ *                       force_custom_plan; needs the meta_cache.v1 service
+ *                       (on_change is subscribed once).
  *   CLIENT_STARTUP      watch the queries of clients of the routed databases;
  *                       the session's organization and search_path from
  *                       options=-c lokadb.org=... -c search_path=...
  *   QUERY               Q, P, B: look the text up in the parse cache
  *                       (cache.c / analyze.c), then decide (below).
- *   ROUTE               only notes that the client is about to get a server
- *                       (so it is not "sticky", see below).
+ *   ROUTE               notes that the client is about to get a server (so it
+ *                       is not "sticky", see below); gives the affinity if no
+ *                       QUERY did for this transaction.
  *   TXN_END             ends what lasts for a transaction (SET LOCAL, the
- *                       server the client held).
- *   CLIENT_CLOSE        frees the client's state.
+ *                       server the client held, the batch).
+ *   CLIENT_CLOSE        frees the client's state, cancels its holds.
  * Console: SHOW ORG_ROUTING.
  *
  * The decision, per message:
@@ -25,13 +30,22 @@
  *   occurrence of the (first LokaDB) statement; else the session's
  *   organization (SET LOCAL, then SET / options); else none.
  *   - Q and P: decided at once unless a term is a parameter; then at the Bind.
+ *   - an organization with lokadb.orgs.paused: the message is held (LK_ASYNC)
+ *     until a catalog change unpauses it, or fails after pause_timeout.
+ *   - api->client_set_affinity(organization) while the client has no
+ *     transaction open: the pool prefers a server that served it.
  *   - before the statement: query_prefix("SELECT set_config('lokadb.org',
  *     'X', false)") unless the server is known to have X already (the
- *     prefix travels in the same write as the statement: no round trip).
+ *     prefix travels in the same write as the statement: no round trip);
+ *     with force_custom_plan, plan_cache_mode goes in the same statement.
  *   - COPY ... TO reading LokaDB tables without an organization: 0A000.
  *   - one statement scoped by its own terms to an organization that has
- *     leaves: rewritten to the leaves (rewrite.c); COPY table TO with the
- *     session's organization: rewritten to COPY (SELECT ... WHERE ...).
+ *     leaves: rewritten to the leaves (rewrite.c) at the Query or Parse;
+ *     with the organization in a parameter, the statement is parsed again
+ *     at the Bind (api->query_reparse) with the leaf text, or back with the
+ *     client's text (`pstmts` remembers what each statement has on the
+ *     server). COPY table TO with the session's organization: rewritten to
+ *     COPY (SELECT ... WHERE ...).
  *
  * What the plugin knows about the server a statement will run on: the core
  * does not say at QUERY time (the server is picked after the hook, and the
@@ -41,7 +55,7 @@
  * and the Bind of the same batch, or for a "sticky" client (one that ran a
  * transaction without a ROUTE call before it: session pooling). Everywhere
  * else the prefix is sent (a cost of a few microseconds on the server, not a
- * round trip).
+ * round trip). `pcm_known` is the same belief for plan_cache_mode.
  *
  * Where a prefix may not go (prefixes_skipped, README "Where no prefix can
  * go"): before a Bind of the unnamed statement (a simple Query drops
@@ -49,9 +63,10 @@
  * the same batch (the core hides every reply up to the prefix's
  * ReadyForQuery, and PostgreSQL skips the Query after an error in the
  * batch). `batch_open` tracks the latter: set by P/B, cleared by a Query
- * and by TXN_END. Such a statement runs with the server's current value.
- * Blocks sent with the extended protocol get the session's organization
- * before their BEGIN, the last point where a prefix is known to be safe.
+ * and by a TXN_END that ends the batch (txn_end_batch). Such a statement runs
+ * with the server's current value. Blocks sent with the extended protocol
+ * get the session's organization before their BEGIN, the last point where
+ * a prefix is known to be safe.
  */
 #include <lokadb/plugin.h>
 
@@ -73,13 +88,17 @@ static const lk_api *api;
 /* Counters of SHOW ORG_ROUTING, in its column order. */
 enum or_counter {
 	N_PASSED, N_ROUTED, N_ORG_STATEMENT, N_ORG_SESSION, N_ORG_NONE, N_PREFIXES, N_PREFIXES_SKIPPED,
-	N_REFUSED, N_REWRITTEN, N_REWRITE_FAILED, N_PARSE_ERRORS, N_SESSION_CHANGES, N_HELD, N_COUNT
+	N_REFUSED, N_REWRITTEN, N_REWRITE_FAILED, N_PARSE_ERRORS, N_SESSION_CHANGES, N_HELD,
+	N_REPARSED, N_HELD_PAUSE, N_PAUSE_TIMEOUTS, N_PLAN_MODE, N_REPARSE_LOST, N_REPARSE_REFUSED, N_COUNT
 };
 static const char *const counter_names[N_COUNT] = {
 	"statements_passed", "statements_routed", "org_from_statement", "org_from_session", "org_none",
 	"prefixes", "prefixes_skipped", "refused", "rewritten", "rewrite_failed", "parse_errors",
-	"session_changes", "held_for_catalog",
+	"session_changes", "held_for_catalog", "reparsed", "held_for_pause", "pause_timeouts",
+	"plan_mode_sets", "reparses_lost", "reparses_refused",
 };
+
+struct orc;
 
 /* The plugin's state (api->set_data). */
 struct orr {
@@ -88,10 +107,29 @@ struct orr {
 	struct or_cache *cache;
 	size_t cache_size;
 	bool route_log, rewrite;
+	bool force_custom;		/* plan_cache_mode = force_custom_plan on the servers */
+	int org_affinity;		/* organizations per server connection (0: no affinity) */
+	uint64_t pause_timeout;		/* usec a statement of a paused organization waits at most */
 	char *databases;
 	bool warned_not_ready;
+	bool subscribed;		/* on_change of meta_cache registered */
+	uint64_t gen;			/* catalog changes seen by on_change */
+	struct orc *paused;		/* clients holding a statement of a paused organization */
+	lk_timer *release;		/* a pass over `paused` is due (after a catalog change) */
 	uint64_t n[N_COUNT];
 };
+
+/* A statement of the client whose text org_routing changed (Parse rewrite or
+ * Bind re-parse): the core reports the changed text at the next Bind. */
+struct or_pstmt {
+	char *name;
+	char *orig;			/* the text the client sent */
+	char *cur;			/* the text the server has now */
+	struct or_pstmt *next;
+};
+#define OR_PSTMT_MAX 256
+#define OR_REPARSE_MAX 8		/* re-parses per batch (the core's limit per server) */
+#define OR_REPARSE_LEAF_MAX 4		/* ... of which to a leaf */
 
 /* Per client (client_ctx), for watched clients only. */
 struct orc {
@@ -107,10 +145,32 @@ struct orc {
 	bool routed;			/* a ROUTE since its last TXN_END */
 	bool changed_in_block;		/* lokadb.org changed inside a block: may revert */
 	bool batch_open;		/* a Parse/Bind went to the server since its last idle ReadyForQuery */
+	int batch_reparses;		/* re-parses asked for since then */
+	/* What came since the last idle ReadyForQuery (TXN_END), to guess
+	 * whether it ended the client's batch (see or_txn_end) */
+	uint16_t hooked_p, hooked_b;	/* Parses and Binds */
+	bool p_after_b;			/* a Parse after a Bind */
+	bool hooked_any;		/* any Query, Parse or Bind */
+	bool last_ends_txn;		/* the last one was a COMMIT or ROLLBACK */
+	bool pipelines;			/* seen sending past a Sync (no leaf re-parses at its Binds) */
+	uint8_t calm;			/* single-statement batches since; 8 clear `pipelines` */
 	uint64_t txns;
 	lk_event *held;			/* a message waiting for meta_cache's reload */
 	lk_client *c;			/* back pointers for meta_cache's callback */
 	struct orr *g;
+	struct or_pstmt *pstmts;	/* statements whose text was changed, newest first */
+	int npstmts;
+	char *aff;			/* the affinity key given to the core (NULL: none) */
+	int aff_max;
+	bool aff_txn;			/* the QUERY hook chose it for the coming transaction */
+	char *last_org;			/* the organization of its last decided statement */
+	bool pcm_known;			/* its server has plan_cache_mode = force_custom_plan */
+	bool pcm_in_block;		/* ... set inside the current block (a ROLLBACK reverts it) */
+	bool block_lokadb;		/* a statement on LokaDB tables ran in the current block */
+	lk_event *paused_ev;		/* a message held while its organization is paused */
+	char pause_org[OR_ORG_MAX + 1];
+	lk_timer *pause_timer;		/* pause_timeout of paused_ev */
+	struct orc *pnext, **pprev;	/* in orr.paused */
 };
 
 /* How a statement's organization was found. */
@@ -128,8 +188,11 @@ struct decision {
 	const struct or_ref *refused_ref;
 	const char *rewrite;		/* "leaf", "copy", "no", "failed" */
 	const char *prefix;		/* "sent", "known", "skipped", "-" */
+	bool reparsed;			/* B: the statement is parsed again first */
 	char target[256];
 };
+
+static void subscribe(struct orr *g);
 
 static struct orr *G(lk_plugin *self)
 {
@@ -165,10 +228,51 @@ static bool parse_size(const char *v, size_t *out)
 	return true;
 }
 
+/* 0..32: organizations remembered per server connection. */
+static bool parse_affinity(const char *v, int *out)
+{
+	char *end;
+	long n;
+
+	if (!v || !*v)
+		return false;
+	n = strtol(v, &end, 10);
+	if (*end || n < 0 || n > 32)
+		return false;
+	*out = (int)n;
+	return true;
+}
+
+/* A duration: N (seconds), Nms, Ns, Nmin; 1 ms .. 1 day, into usec. */
+static bool parse_duration(const char *v, uint64_t *out)
+{
+	char *end;
+	double n;
+	uint64_t unit = 1000000;
+
+	if (!v || !*v)
+		return false;
+	n = strtod(v, &end);
+	while (*end == ' ')
+		end++;
+	if (strcmp(end, "ms") == 0)
+		unit = 1000;
+	else if (strcmp(end, "min") == 0)
+		unit = 60000000;
+	else if (*end && strcmp(end, "s") != 0)
+		return false;
+	if (!(n * (double)unit >= 1000.0 && n * (double)unit <= 86400e6))
+		return false;
+	*out = (uint64_t)(n * (double)unit);
+	return true;
+}
+
 static int or_config_check(lk_plugin *self, lk_event *ev)
 {
 	bool b;
 	size_t n;
+	int k;
+	uint64_t us;
 
 	(void)self;
 	if (!parse_bool(api->config_get(ev, "route_log"), &b))
@@ -177,6 +281,12 @@ static int or_config_check(lk_plugin *self, lk_event *ev)
 		return api->config_error(ev, "rewrite", "must be on or off");
 	if (!parse_size(api->config_get(ev, "parse_cache_size"), &n))
 		return api->config_error(ev, "parse_cache_size", "must be a number of statements 16..1000000");
+	if (!parse_bool(api->config_get(ev, "force_custom_plan"), &b))
+		return api->config_error(ev, "force_custom_plan", "must be on or off");
+	if (!parse_affinity(api->config_get(ev, "org_affinity"), &k))
+		return api->config_error(ev, "org_affinity", "must be a number of organizations per server 0..32 (0: off)");
+	if (!parse_duration(api->config_get(ev, "pause_timeout"), &us))
+		return api->config_error(ev, "pause_timeout", "must be a duration from 1ms to 1 day (30s, 500ms, 2min)");
 	if (!api->service_lookup(META_CACHE_SERVICE))
 		return api->fail(ev, "F0000", "org_routing needs the plugin meta_cache (plugins = meta_cache org_routing)");
 	return LK_CONTINUE;
@@ -189,11 +299,18 @@ static int or_config_apply(lk_plugin *self, lk_event *ev)
 	size_t n = g->cache_size;
 
 	parse_bool(api->config_get(ev, "route_log"), &g->route_log);
+	bool rw = g->rewrite;
 	parse_bool(api->config_get(ev, "rewrite"), &g->rewrite);
+	if (rw != g->rewrite)
+		g->gen++;	/* memoized rewrites were made under the other value */
 	parse_size(api->config_get(ev, "parse_cache_size"), &n);
+	parse_bool(api->config_get(ev, "force_custom_plan"), &g->force_custom);
+	parse_affinity(api->config_get(ev, "org_affinity"), &g->org_affinity);
+	parse_duration(api->config_get(ev, "pause_timeout"), &g->pause_timeout);
 	free(g->databases);
 	g->databases = strdup(dbs ? dbs : "");
 	g->mc = api->service_lookup(META_CACHE_SERVICE);
+	subscribe(g);
 	if (!g->cache || n != g->cache_size) {
 		struct or_cache *c = or_cache_new(n);
 		if (c) {
@@ -478,6 +595,7 @@ static void apply_effect(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 		x->cur_valid = true;
 		break;
 	case OR_FX_RESET_ALL:
+		x->pcm_known = false;		/* RESET ALL / DISCARD ALL reset plan_cache_mode too */
 		set_owned(&x->session_org, NULL);
 		set_owned(&x->local_org, NULL);
 		set_owned(&x->search_path, NULL);
@@ -504,6 +622,8 @@ static void apply_effect(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 			set_owned(&x->session_org, x->saved_org);
 		set_owned(&x->local_org, NULL);
 		x->cur_valid = false;
+		if (x->pcm_in_block)
+			x->pcm_known = x->pcm_in_block = false;
 		return;
 	default:
 		return;
@@ -522,88 +642,365 @@ static void apply_effects(struct orr *g, lk_event *ev, lk_client *c, struct orc 
 
 /* ================= acting ================= */
 
+#define PCM_CALL "set_config('plan_cache_mode', 'force_custom_plan', false)"
+
+/* The key parse-cache entries and rewrite memos are valid for. */
+static uint64_t cat_key(const struct orr *g)
+{
+	return (g->mc->version() << 20) ^ g->gen;
+}
+
+/*
+ * May a simple Query go before this message? Not before a Bind of the
+ * unnamed statement (it would drop the statement), not after a Parse or Bind
+ * of the same batch (README "Where no prefix can go").
+ */
+static bool prefix_safe(lk_event *ev, const struct orc *x)
+{
+	char type = api->query_type(ev);
+
+	return !((type == 'B' && api->query_statement(ev)[0] == 0) || (type != 'Q' && x->batch_open));
+}
+
+static void note_plan_mode(struct orr *g, lk_client *c, struct orc *x)
+{
+	x->pcm_known = true;
+	if (api->client_in_transaction(c))
+		x->pcm_in_block = true;
+	g->n[N_PLAN_MODE]++;
+}
+
 /*
  * Make the server's lokadb.org be d->org ("" when none) before the message,
- * unless the client's server is known to have it. A Bind of the unnamed
- * statement cannot be preceded by a Query (it would drop the statement).
+ * unless the client's server is known to have it; with force_custom_plan,
+ * plan_cache_mode goes in the same statement while the server is not known
+ * to have it.
  */
 static void ensure_org(struct orr *g, lk_event *ev, lk_client *c, struct orc *x, struct decision *d)
 {
 	char sql[OR_PREFIX_MAX], lit[2 * OR_ORG_MAX + 4];
+	bool pcm = g->force_custom && !x->pcm_known;
 
-	if (x->cur_valid && x->cur && strcmp(x->cur, d->org) == 0) {
+	if (!pcm && x->cur_valid && x->cur && strcmp(x->cur, d->org) == 0) {
 		d->prefix = "known";
 		return;
 	}
-	if ((api->query_type(ev) == 'B' && api->query_statement(ev)[0] == 0) ||
-	    (api->query_type(ev) != 'Q' && x->batch_open)) {
+	if (!prefix_safe(ev, x)) {
 		d->prefix = "skipped";
 		g->n[N_PREFIXES_SKIPPED]++;
 		return;
 	}
 	if (!or_quote_literal(d->org, lit, sizeof(lit)))
 		return;
-	snprintf(sql, sizeof(sql), "SELECT set_config('lokadb.org', %s, false)", lit);
+	snprintf(sql, sizeof(sql), "SELECT set_config('lokadb.org', %s, false)%s", lit, pcm ? ", " PCM_CALL : "");
 	if (api->query_prefix(ev, sql) != 0)
 		return;
 	d->prefix = "sent";
 	g->n[N_PREFIXES]++;
+	if (pcm)
+		note_plan_mode(g, c, x);
 	set_owned(&x->cur, d->org);
 	x->cur_valid = x->cur != NULL;
 	if (api->client_in_transaction(c))
 		x->changed_in_block = true;
 }
 
-/* Address a single-organization statement to its leaves (Q and P only). */
-static void maybe_rewrite(struct orr *g, lk_event *ev, const struct orc *x, const struct or_analysis *a,
-			  struct decision *d)
+/* plan_cache_mode alone, where the organization is not known yet (a Parse
+ * waiting for its Bind, a BEGIN without a session organization). */
+static void ensure_plan_mode(struct orr *g, lk_event *ev, lk_client *c, struct orc *x, struct decision *d)
+{
+	if (!g->force_custom || x->pcm_known || !prefix_safe(ev, x))
+		return;
+	if (api->query_prefix(ev, "SELECT " PCM_CALL) != 0)
+		return;
+	d->prefix = "sent";
+	g->n[N_PREFIXES]++;
+	note_plan_mode(g, c, x);
+}
+
+/* ---- statements whose text the plugin changed ---- */
+
+static struct or_pstmt *pstmt_find(const struct orc *x, const char *name)
+{
+	for (struct or_pstmt *p = x->pstmts; p; p = p->next)
+		if (strcmp(p->name, name) == 0)
+			return p;
+	return NULL;
+}
+
+static void pstmt_free(struct or_pstmt *p)
+{
+	free(p->name);
+	free(p->orig);
+	free(p->cur);
+	free(p);
+}
+
+static void pstmt_forget(struct orc *x, const char *name)
+{
+	for (struct or_pstmt **pp = &x->pstmts; *pp; pp = &(*pp)->next) {
+		if (strcmp((*pp)->name, name) == 0) {
+			struct or_pstmt *p = *pp;
+			*pp = p->next;
+			pstmt_free(p);
+			x->npstmts--;
+			return;
+		}
+	}
+}
+
+/* Statement `name` now has text `cur` on the server for the client's `orig`. */
+static void pstmt_set(struct orc *x, const char *name, const char *orig, const char *cur)
+{
+	struct or_pstmt *p = calloc(1, sizeof(*p));
+
+	pstmt_forget(x, name);
+	if (!p || !(p->name = strdup(name)) || !(p->orig = strdup(orig)) || !(p->cur = strdup(cur))) {
+		if (p)
+			pstmt_free(p);
+		return;
+	}
+	if (x->npstmts >= OR_PSTMT_MAX) {	/* bounded: drop the oldest (the tail) */
+		struct or_pstmt **pp = &x->pstmts;
+		while ((*pp)->next)
+			pp = &(*pp)->next;
+		pstmt_free(*pp);
+		*pp = NULL;
+		x->npstmts--;
+	}
+	p->next = x->pstmts;
+	x->pstmts = p;
+	x->npstmts++;
+}
+
+/* ---- rewrites ---- */
+
+/*
+ * `sql` (analyzed as a) rewritten for d->org: to the leaves when to_leaf,
+ * COPY table TO as COPY (query) TO. Memoized per parse-cache entry and
+ * organization. NULL: nothing to rewrite (or it failed: d->rewrite).
+ */
+static const char *rewritten(struct orr *g, lk_event *ev, const struct orc *x, const struct or_analysis *a,
+			     const char *sql, struct decision *d, bool to_leaf)
 {
 	struct or_names names = { g->mc, x->search_path ? x->search_path : OR_DEFAULT_PATH, NULL };
-	struct or_rewrite_memo *m;
-	const char *err, *sql = api->query_sql(ev);
-	bool copy_table = d->first->kind == OR_K_COPY_TO_TABLE;
+	struct or_rewrite_memo *m = or_cache_memo(g->cache, a);
+	uint64_t key = cat_key(g);
+	const char *res, *err;
 	enum or_rw_result rc;
 	char *out;
 
-	if (api->query_type(ev) == 'B' || a->nstmts != 1 || !d->first->rewritable)
+	if (or_memo_get(m, d->org, key, &res))
+		return res;
+	names.user = api->client_user(api->ev_client(ev));
+	rc = or_rewrite(sql, a, &names, d->org, to_leaf, &out, &err);
+	if (rc == OR_RW_FAILED) {
+		g->n[N_REWRITE_FAILED]++;
+		d->rewrite = "failed";
+		api->log(g->self, LK_LOG_WARNING, "C-%" PRIu64 " could not rewrite a statement for organization %s: %s",
+			 api->client_id(api->ev_client(ev)), d->org, err);
+		out = NULL;	/* remembered as "not rewritable" */
+	}
+	if (!or_memo_put(m, d->org, key, rc == OR_RW_DONE ? out : NULL))
+		return NULL;
+	return or_memo_get(m, d->org, key, &res) ? res : NULL;
+}
+
+/* Address a single-organization Query or Parse to its leaves. */
+static void maybe_rewrite(struct orr *g, lk_event *ev, struct orc *x, const struct or_analysis *a,
+			  struct decision *d)
+{
+	char type = api->query_type(ev);
+	bool copy_table = d->first->kind == OR_K_COPY_TO_TABLE;
+	const char *res;
+	char *orig;
+
+	if (type == 'B' || a->nstmts != 1 || !d->first->rewritable)
 		return;
 	if (!(copy_table ? d->src != SRC_NONE : (g->rewrite && d->src == SRC_STATEMENT)))
 		return;
-	names.user = api->client_user(api->ev_client(ev));
-	m = or_cache_memo(g->cache, a);
-	if (!(m->org && strcmp(m->org, d->org) == 0 && m->version == g->mc->version())) {
-		rc = or_rewrite(sql, a, &names, d->org, g->rewrite, &out, &err);
-		if (rc == OR_RW_FAILED) {
-			g->n[N_REWRITE_FAILED]++;
-			d->rewrite = "failed";
-			api->log(g->self, LK_LOG_WARNING, "C-%" PRIu64 " could not rewrite a statement for organization %s: %s",
-				 api->client_id(api->ev_client(ev)), d->org, err);
-			return;
-		}
-		free(m->org);
-		free(m->sql);
-		m->org = strdup(d->org);
-		m->sql = rc == OR_RW_DONE ? out : NULL;
-		m->version = g->mc->version();
-	}
-	if (!m->sql || api->query_rewrite(ev, m->sql) != 0)
+	res = rewritten(g, ev, x, a, api->query_sql(ev), d, g->rewrite);
+	if (!res || !(orig = strdup(api->query_sql(ev))))
 		return;
-	g->n[N_REWRITTEN]++;
-	d->rewrite = copy_table ? "copy" : "leaf";
-	snprintf(d->target, sizeof(d->target), "%s", m->sql);
+	if (api->query_rewrite(ev, res) == 0) {
+		g->n[N_REWRITTEN]++;
+		d->rewrite = copy_table ? "copy" : "leaf";
+		snprintf(d->target, sizeof(d->target), "%s", res);
+		if (type == 'P')	/* its Binds see `res`: remember what it was */
+			pstmt_set(x, api->query_statement(ev), orig, res);
+	}
+	free(orig);
+}
+
+/*
+ * At a Bind: the text the bound statement must have for this Bind's
+ * organization (the leaves of an isolated organization, else the client's
+ * text); when the server's text `cur` differs, the statement is parsed
+ * again (api->query_reparse) right before the Bind.
+ *
+ * The core keeps at most 8 re-parses of one server connection in flight (it
+ * silently drops more), so a batch (up to the server's next idle
+ * ReadyForQuery, or a Query) gets at most OR_REPARSE_MAX of them, and only
+ * the first OR_REPARSE_LEAF_MAX may go to a leaf: after that the statement
+ * stays on (or goes back to) the client's text, which is right for every
+ * organization. false: the statement has a leaf text of another
+ * organization and cannot be parsed again: the Bind must fail.
+ */
+static bool bind_text(struct orr *g, lk_event *ev, struct orc *x, const struct or_analysis *a,
+		      struct decision *d, const char *orig, const char *cur)
+{
+	const char *want = orig, *name = api->query_statement(ev);
+
+	if (g->rewrite && a->nstmts == 1 && d->first->rewritable && d->src == SRC_STATEMENT &&
+	    d->first->kind != OR_K_COPY_TO_TABLE && d->first->kind != OR_K_COPY_TO_QUERY) {
+		const char *leaf = rewritten(g, ev, x, a, orig, d, true);
+		if (leaf && ((!x->pipelines && x->batch_reparses < OR_REPARSE_LEAF_MAX) || strcmp(leaf, cur) == 0))
+			want = leaf;
+	}
+	if (want != orig) {
+		d->rewrite = "leaf";
+		snprintf(d->target, sizeof(d->target), "%s", want);
+	}
+	if (strcmp(want, cur) == 0)
+		return true;
+	if (x->batch_reparses >= OR_REPARSE_MAX || !LK_API_HAS(api, query_reparse) ||
+	    api->query_reparse(ev, want) != 0) {
+		/* the server has another organization's leaf text: the Bind must not run with it */
+		d->rewrite = "failed";
+		g->n[N_REPARSE_REFUSED]++;
+		return false;
+	}
+	x->batch_reparses++;
+	g->n[N_REPARSED]++;
+	d->reparsed = true;
+	if (want == orig) {
+		d->rewrite = "parent";
+		pstmt_forget(x, name);
+	} else {
+		g->n[N_REWRITTEN]++;
+		pstmt_set(x, name, orig, want);
+	}
+	return true;
 }
 
 static void route_log(struct orr *g, lk_event *ev, const struct decision *d, const char *decision)
 {
 	if (!g->route_log)
 		return;
-	api->log(g->self, LK_LOG_INFO, "C-%" PRIu64 " %c org=%s decision=%s target=%s rewrite=%s prefix=%s",
+	api->log(g->self, LK_LOG_INFO, "C-%" PRIu64 " %c org=%s decision=%s target=%s rewrite=%s prefix=%s%s",
 		 api->client_id(api->ev_client(ev)), api->query_type(ev), d->org[0] ? d->org : "-", decision,
-		 d->target[0] ? d->target : "-", d->rewrite, d->prefix);
+		 d->target[0] ? d->target : "-", d->rewrite, d->prefix, d->reparsed ? " reparse=yes" : "");
+}
+
+/* ---- organization affinity of the pool ---- */
+
+/* The key the core's pool prefers a server by, for the client's next transaction. */
+static void give_affinity(struct orr *g, lk_client *c, struct orc *x, const char *org)
+{
+	if (!LK_API_HAS(api, client_set_affinity) || api->client_in_transaction(c))
+		return;
+	if (g->org_affinity == 0 || (org && !*org))
+		org = NULL;
+	x->aff_txn = true;
+	if (org ? x->aff && strcmp(org, x->aff) == 0 && x->aff_max == g->org_affinity : !x->aff)
+		return;
+	set_owned(&x->aff, org);
+	x->aff_max = g->org_affinity;
+	api->client_set_affinity(c, x->aff, g->org_affinity);
+}
+
+/* Without an organization of its own, the next transaction is predicted to
+ * be the session's organization, else the last one the client used. */
+static const char *predicted_org(const struct orc *x)
+{
+	return session_org(x) ? session_org(x) : x->last_org;
+}
+
+static void affinity_for(struct orr *g, lk_client *c, struct orc *x, const struct decision *d)
+{
+	const char *org = predicted_org(x);
+
+	if (d->first && (d->src == SRC_STATEMENT || d->src == SRC_SESSION) && d->org[0]) {
+		org = d->org;
+		if (!x->last_org || strcmp(x->last_org, org) != 0)
+			set_owned(&x->last_org, org);
+	}
+	give_affinity(g, c, x, org);
+}
+
+/* ---- paused organizations ---- */
+
+static bool org_paused(const struct orr *g, const char *org)
+{
+	const struct mc_org *o = org[0] ? g->mc->org(org) : NULL;
+
+	return o && o->paused;
+}
+
+static void pause_unlink(struct orc *x)
+{
+	if (!x->pprev)
+		return;
+	*x->pprev = x->pnext;
+	if (x->pnext)
+		x->pnext->pprev = x->pprev;
+	x->pnext = NULL;
+	x->pprev = NULL;
+}
+
+static void pause_expired(lk_plugin *self, void *arg)
+{
+	struct orc *x = arg;
+	struct orr *g = G(self);
+	lk_event *ev = x->paused_ev;
+
+	x->pause_timer = NULL;		/* freed before this call */
+	if (!ev)
+		return;
+	pause_unlink(x);
+	x->paused_ev = NULL;
+	g->n[N_PAUSE_TIMEOUTS]++;
+	api->log(self, LK_LOG_WARNING, "C-%" PRIu64 " organization %s stayed paused longer than pause_timeout (%s): "
+		 "statement failed", api->client_id(x->c), x->pause_org, api->setting(self, "pause_timeout"));
+	api->resume_error(x->c, "55P03",
+			  "organization %s is paused (its data is being moved) and stayed paused longer than "
+			  "pause_timeout (%s): the statement was not run", x->pause_org,
+			  api->setting(self, "pause_timeout"));
+}
+
+/* Hold the message until its organization is unpaused (or pause_timeout). */
+static int hold_paused(struct orr *g, lk_event *ev, struct orc *x, struct decision *d)
+{
+	if (!x->pause_timer) {
+		x->pause_timer = api->timer_add(g->self, g->pause_timeout, 0, pause_expired, x);
+		if (!x->pause_timer)
+			return api->fail(ev, "53200", "out of memory");
+	}
+	g->n[N_HELD_PAUSE]++;
+	snprintf(x->pause_org, sizeof(x->pause_org), "%s", d->org);
+	x->paused_ev = ev;
+	x->pnext = g->paused;
+	if (g->paused)
+		g->paused->pprev = &x->pnext;
+	g->paused = x;
+	x->pprev = &g->paused;
+	route_log(g, ev, d, "paused");
+	return LK_ASYNC;
+}
+
+/*
+ * Only statements that start a transaction, or come in a block that has not
+ * touched a LokaDB table yet, are held: a block that has may hold the locks
+ * the switch of the move waits for, and holding it would stall both.
+ */
+static bool may_hold(lk_client *c, const struct orc *x)
+{
+	return !api->client_in_transaction(c) || !x->block_lokadb;
 }
 
 /* A message on LokaDB tables, or with session effects. */
-static int route_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *x, const struct or_analysis *a)
+static int route_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *x, const struct or_analysis *a,
+			 const char *orig, const char *cur)
 {
 	struct decision d = { .src = SRC_NONE, .rewrite = "no", .prefix = "-" };
 	char type = api->query_type(ev);
@@ -617,30 +1014,55 @@ static int route_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 		return api->fail(ev, "0A000", d.refusal, r->schema, r->name, r->org_column);
 	}
 	describe_target(a, d.first, &d);
+	if (d.first && d.src != SRC_PENDING && org_paused(g, d.org) && may_hold(c, x))
+		return hold_paused(g, ev, x, &d);
+	affinity_for(g, c, x, &d);
 	if (d.first && d.src == SRC_PENDING) {
-		route_log(g, ev, &d, "pending");	/* the Bind decides (a Query: PREPARE ... $1) */
-	} else if (d.first && type == 'B' && !d.params) {
-		/* decided at the Parse; a later Bind (a new transaction) may need the prefix again */
+		/* the Bind decides (a Query: PREPARE ... $1). plan_cache_mode goes
+		 * before a Query only: before a Parse, the prefix's ReadyForQuery
+		 * can reach the core before the client's Sync, and the core then
+		 * takes the server for idle (see README, "Needs from the core") */
+		if (type == 'Q')
+			ensure_plan_mode(g, ev, c, x, &d);
+		route_log(g, ev, &d, "pending");
+	} else if (d.first && type == 'B') {
+		if (d.params) {		/* decided now, with the values */
+			g->n[N_ROUTED]++;
+			g->n[N_ORG_STATEMENT]++;
+		}
+		if (!bind_text(g, ev, x, a, &d, orig, cur)) {
+			route_log(g, ev, &d, "refused");
+			return api->fail(ev, "54000", "org_routing cannot parse statement \"%s\" again for organization "
+					 "%s: too many statements re-parsed in one pipeline (at most %d before a Sync)",
+					 api->query_statement(ev), d.org[0] ? d.org : "(none)", OR_REPARSE_MAX);
+		}
+		/* decided at the Parse: a later Bind (a new transaction) may need the prefix again */
 		ensure_org(g, ev, c, x, &d);
-		if (strcmp(d.prefix, "known") != 0)
-			route_log(g, ev, &d, source_names[d.src]);
+		if (d.params || d.reparsed || strcmp(d.prefix, "known") != 0)
+			route_log(g, ev, &d, d.params ? "param" : source_names[d.src]);
 	} else if (d.first) {
 		g->n[N_ROUTED]++;
 		g->n[d.src == SRC_STATEMENT ? N_ORG_STATEMENT : d.src == SRC_SESSION ? N_ORG_SESSION : N_ORG_NONE]++;
 		maybe_rewrite(g, ev, x, a, &d);
 		if (!d.after_set)
 			ensure_org(g, ev, c, x, &d);
-		route_log(g, ev, &d, d.params ? "param" : source_names[d.src]);
-	} else if (a->stmts[0].effect == OR_FX_BEGIN && session_org(x)) {
+		route_log(g, ev, &d, source_names[d.src]);
+	} else if (a->stmts[0].effect == OR_FX_BEGIN) {
 		/* A block's later Parses are not batch starts that the plugin can
 		 * recognize (see ensure_org): give the block the session's
-		 * organization now, while the prefix is safe. */
-		snprintf(d.org, sizeof(d.org), "%s", session_org(x));
-		ensure_org(g, ev, c, x, &d);
+		 * organization (and plan_cache_mode) now, while a prefix is safe. */
+		if (session_org(x)) {
+			snprintf(d.org, sizeof(d.org), "%s", session_org(x));
+			ensure_org(g, ev, c, x, &d);
+		} else if (type == 'Q') {
+			ensure_plan_mode(g, ev, c, x, &d);
+		}
 		route_log(g, ev, &d, "begin");
 	} else {
 		route_log(g, ev, &d, "set");
 	}
+	if (d.first)
+		x->block_lokadb = true;
 	if (type != 'P')
 		apply_effects(g, ev, c, x, a);		/* they happen after the prefix, in the message */
 	return LK_CONTINUE;
@@ -648,32 +1070,56 @@ static int route_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 
 /* ================= hooks ================= */
 
-/* Route a message whose catalog is current. */
+/* Route a message whose catalog is current. LK_ASYNC: held (paused organization). */
 static int route_now(struct orr *g, lk_event *ev, lk_client *c, struct orc *x)
 {
 	const struct or_analysis *a;
 	struct or_names names;
-	const char *sql = api->query_sql(ev);
+	const char *sql = api->query_sql(ev), *orig = sql;
+	char type = api->query_type(ev), *orig_copy = NULL;
+	int rc = LK_CONTINUE;
 
 	if (!sql)
 		return LK_CONTINUE;
+	if (type == 'P' && x->pstmts) {
+		pstmt_forget(x, api->query_statement(ev));	/* a new text for that name */
+	} else if (type == 'B' && x->pstmts) {
+		struct or_pstmt *p = pstmt_find(x, api->query_statement(ev));
+		if (p && strcmp(p->cur, sql) != 0) {
+			/* the core did not apply a re-parse: the server has `sql` */
+			g->n[N_REPARSE_LOST]++;
+			set_owned(&p->cur, sql);
+		}
+		if (p && strcmp(p->orig, sql) == 0) {
+			pstmt_forget(x, api->query_statement(ev));
+		} else if (p && p->cur) {
+			if (!(orig_copy = strdup(p->orig)))
+				return LK_CONTINUE;
+			orig = orig_copy;	/* decide on the client's own text */
+		}
+	}
 	names.mc = g->mc;
 	names.search_path = x->search_path ? x->search_path : OR_DEFAULT_PATH;
 	names.user = api->client_user(c);
-	a = or_cache_get(g->cache, sql, x->sp_key, g->mc->version(), &names);
+	a = or_cache_get(g->cache, orig, x->sp_key, cat_key(g), &names);
 	if (!a)
-		return LK_CONTINUE;
+		goto done;
+	x->last_ends_txn = a->ends_txn;
 	if (a->parse_error)
 		g->n[N_PARSE_ERRORS]++;
 	if (!a->tables && !a->effects) {
 		g->n[N_PASSED]++;
+		give_affinity(g, c, x, predicted_org(x));
 		if (g->route_log) {
 			struct decision d = { .rewrite = "no", .prefix = "-" };
 			route_log(g, ev, &d, "pass");
 		}
-		return LK_CONTINUE;
+		goto done;
 	}
-	return route_message(g, ev, c, x, a);
+	rc = route_message(g, ev, c, x, a, orig, sql);
+done:
+	free(orig_copy);
+	return rc;
 }
 
 static bool mc_has_wait(const struct meta_cache_api *mc)
@@ -682,24 +1128,86 @@ static bool mc_has_wait(const struct meta_cache_api *mc)
 	       mc->wait && mc->wait_cancel;
 }
 
+static void catalog_loaded(void *arg, uint64_t version);
+
+/* Hold the message while meta_cache reloads, else route it. */
+static int decide_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *x)
+{
+	int rc;
+
+	/* A change announced but not loaded yet: no statement runs with the old catalog. */
+	if (mc_has_wait(g->mc) && g->mc->wait(catalog_loaded, x) == 0) {
+		x->held = ev;
+		return LK_ASYNC;
+	}
+	rc = route_now(g, ev, c, x);
+	if (rc != LK_ASYNC && api->query_type(ev) != 'Q')
+		x->batch_open = true;	/* until the server is idle again (TXN_END) or a Query */
+	return rc;
+}
+
+/* A held message may go on: decide it (it may be held again) and resume. */
+static void continue_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *x)
+{
+	int rc = decide_message(g, ev, c, x);
+
+	if (rc != LK_ASYNC)
+		api->resume(c, rc == LK_ERROR ? LK_ERROR : LK_CONTINUE);
+}
+
 /* meta_cache loaded the change it knew of: route the held message now. */
 static void catalog_loaded(void *arg, uint64_t version)
 {
 	struct orc *x = arg;
-	struct orr *g = x->g;
-	lk_client *c = x->c;
 	lk_event *ev = x->held;
-	int rc;
 
 	(void)version;
 	if (!ev)
 		return;
 	x->held = NULL;
-	g->n[N_HELD]++;
-	rc = route_now(g, ev, c, x);
-	if (api->query_type(ev) != 'Q')
-		x->batch_open = true;
-	api->resume(c, rc == LK_ERROR ? LK_ERROR : LK_CONTINUE);
+	x->g->n[N_HELD]++;
+	continue_message(x->g, ev, x->c, x);
+}
+
+/* After a catalog change: release the messages whose organization is no longer paused. */
+static void release_paused(lk_plugin *self, void *arg)
+{
+	struct orr *g = arg;
+
+	(void)self;
+	g->release = NULL;
+	for (;;) {
+		struct orc *x = g->paused;
+		lk_event *ev;
+		while (x && org_paused(g, x->pause_org))
+			x = x->pnext;
+		if (!x)
+			break;
+		pause_unlink(x);
+		if (x->pause_timer) {
+			api->timer_cancel(x->pause_timer);
+			x->pause_timer = NULL;
+		}
+		ev = x->paused_ev;
+		x->paused_ev = NULL;
+		continue_message(g, ev, x->c, x);	/* may hold it again, or resume it */
+	}
+}
+
+static void on_catalog_change(void *arg, uint64_t version)
+{
+	struct orr *g = arg;
+
+	(void)version;
+	g->gen++;
+	if (g->paused && !g->release)	/* from the loop, not inside meta_cache's callback */
+		g->release = api->timer_add(g->self, 0, 0, release_paused, g);
+}
+
+static void subscribe(struct orr *g)
+{
+	if (!g->subscribed && g->mc && g->mc->on_change && g->mc->on_change(on_catalog_change, g) == 0)
+		g->subscribed = true;
 }
 
 static int or_query(lk_plugin *self, lk_event *ev)
@@ -710,23 +1218,27 @@ static int or_query(lk_plugin *self, lk_event *ev)
 
 	if (!x || !g->cache || !g->mc)
 		return LK_CONTINUE;
-	if (api->query_type(ev) == 'Q')
+	if (api->query_type(ev) == 'Q') {
 		x->batch_open = false;	/* a client sends a Query only between batches */
+		x->batch_reparses = 0;
+		x->hooked_p = x->hooked_b = 0;
+		x->p_after_b = false;
+	} else if (api->query_type(ev) == 'P') {
+		x->p_after_b |= x->hooked_b > 0;
+		x->hooked_p += x->hooked_p < 1000;
+	} else {
+		x->hooked_b += x->hooked_b < 1000;
+	}
+	x->hooked_any = true;
+	x->last_ends_txn = false;	/* route_now sets it from the analysis */
 	if (!g->mc->ready()) {
 		if (!g->warned_not_ready)
 			api->log(self, LK_LOG_WARNING, "the catalog is not loaded yet: statements pass unrouted");
 		g->warned_not_ready = true;
 		return LK_CONTINUE;
 	}
-	/* A change announced but not loaded yet: no statement runs with the old catalog. */
-	if (mc_has_wait(g->mc) && g->mc->wait(catalog_loaded, x) == 0) {
-		x->held = ev;
-		return LK_ASYNC;
-	}
-	int rc = route_now(g, ev, c, x);
-	if (api->query_type(ev) != 'Q')
-		x->batch_open = true;	/* until the server is idle again (TXN_END) or a Query */
-	return rc;
+	subscribe(g);
+	return decide_message(g, ev, c, x);
 }
 
 /* options=-c lokadb.org=X -c search_path=Y (also -cname=v, --name=v; "\ " escapes a blank). */
@@ -799,13 +1311,47 @@ static int or_client_startup(lk_plugin *self, lk_event *ev)
 
 static int or_route(lk_plugin *self, lk_event *ev)
 {
-	struct orc *x = api->client_ctx(self, api->ev_client(ev));
+	lk_client *c = api->ev_client(ev);
+	struct orc *x = api->client_ctx(self, c);
 
 	if (x) {
 		x->routed = true;
 		x->sticky = false;
+		if (!x->aff_txn)	/* no QUERY decided this transaction (e.g. a Describe came first) */
+			give_affinity(G(self), c, x, predicted_org(x));
 	}
 	return LK_CONTINUE;
+}
+
+/*
+ * Did this idle ReadyForQuery end the client's batch? The plugin does not
+ * see Syncs, and a client may send past a Sync before its ReadyForQuery
+ * (pipelining): then its next messages may already be on the server without
+ * a Sync, and a prefix there would fail (the core refuses it with 0A000).
+ * The batch is taken as over when what came since the last ReadyForQuery is
+ * one statement (at most a Parse then a Bind), or ends with a COMMIT or
+ * ROLLBACK; with several statements it may continue past the Sync, so it
+ * stays open until a simple Query or such a ReadyForQuery. A ReadyForQuery
+ * with nothing since the last one answers a Sync sent behind another: the
+ * client pipelines.
+ */
+static void txn_end_batch(struct orc *x)
+{
+	bool one = x->hooked_p <= 1 && x->hooked_b <= 1 && !x->p_after_b;
+
+	if (!x->hooked_any) {
+		x->pipelines = true;
+		x->calm = 0;
+	} else if (one || x->last_ends_txn) {
+		x->batch_open = false;
+		x->batch_reparses = 0;
+		if (x->pipelines && one && ++x->calm >= 8)
+			x->pipelines = false;
+	}
+	x->hooked_p = x->hooked_b = 0;
+	x->p_after_b = false;
+	x->hooked_any = false;
+	x->last_ends_txn = false;
 }
 
 static int or_txn_end(lk_plugin *self, lk_event *ev)
@@ -821,7 +1367,12 @@ static int or_txn_end(lk_plugin *self, lk_event *ev)
 	if (!x->sticky || x->changed_in_block || x->local_org)
 		x->cur_valid = false;
 	x->changed_in_block = false;
-	x->batch_open = false;
+	txn_end_batch(x);
+	if (!x->sticky || x->pcm_in_block)
+		x->pcm_known = false;
+	x->pcm_in_block = false;
+	x->block_lokadb = false;
+	x->aff_txn = false;
 	set_owned(&x->local_org, NULL);
 	set_owned(&x->saved_org, NULL);
 	x->saved = false;
@@ -838,6 +1389,16 @@ static int or_client_close(lk_plugin *self, lk_event *ev)
 	struct orr *g = G(self);
 	if (x->held && g->mc && mc_has_wait(g->mc))
 		g->mc->wait_cancel(catalog_loaded, x);
+	pause_unlink(x);
+	if (x->pause_timer)
+		api->timer_cancel(x->pause_timer);
+	while (x->pstmts) {
+		struct or_pstmt *p = x->pstmts;
+		x->pstmts = p->next;
+		pstmt_free(p);
+	}
+	free(x->aff);
+	free(x->last_org);
 	free(x->session_org);
 	free(x->local_org);
 	free(x->saved_org);
@@ -908,6 +1469,12 @@ static int or_init(lk_plugin *self, const lk_api *a)
 				"address single-organization statements to the organization's leaf partitions") ||
 	    api->config_declare(self, "databases", NULL,
 				"[databases] entries whose clients are routed (empty: all)") ||
+	    api->config_declare(self, "org_affinity", "8",
+				"organizations each server connection serves preferably (pool affinity), 0..32; 0: off") ||
+	    api->config_declare(self, "pause_timeout", "30s",
+				"how long a statement of a paused organization waits before it fails with 55P03") ||
+	    api->config_declare(self, "force_custom_plan", "on",
+				"set plan_cache_mode = force_custom_plan on the servers of routed clients") ||
 	    api->hook(self, LK_HOOK_CONFIG_CHECK, or_config_check, 0) ||
 	    api->hook(self, LK_HOOK_CONFIG_APPLY, or_config_apply, 0) ||
 	    api->hook(self, LK_HOOK_CLIENT_STARTUP, or_client_startup, 0) ||
@@ -934,6 +1501,8 @@ static void or_fini(lk_plugin *self)
 
 	if (!g)
 		return;
+	if (g->release)
+		api->timer_cancel(g->release);
 	or_cache_free(g->cache);
 	free(g->databases);
 	free(g);

@@ -83,6 +83,7 @@ struct or_analysis {
 	bool effects;		/* at least one statement has an effect */
 	bool params;		/* some term or effect value is a parameter */
 	bool parse_error;	/* libpg_query refused it: passed through as is */
+	bool ends_txn;		/* a COMMIT, ROLLBACK or PREPARE TRANSACTION */
 };
 
 /* ---- analyze.c ---- */
@@ -130,13 +131,24 @@ void or_cache_free(struct or_cache *c);
 const struct or_analysis *or_cache_get(struct or_cache *c, const char *sql, uint64_t sp_key,
 				       uint64_t version, const struct or_names *names);
 void or_cache_stats(const struct or_cache *c, struct or_cache_stats *st);
-/* The memo of the last rewrite of the entry `a` belongs to (see rewrite.c). */
+/* The memo of the last rewrites of the entry `a` belongs to (see rewrite.c),
+ * one slot per organization, the oldest replaced first. A named statement
+ * bound with a few organizations in turn costs one deparse per organization. */
+#define OR_MEMO_SLOTS 4
 struct or_rewrite_memo {
-	char *org;		/* the organization it was made for */
-	uint64_t version;	/* the catalog version it was made with */
-	char *sql;		/* the rewritten text; NULL: not rewritable */
+	struct {
+		char *org;		/* the organization it was made for; NULL: free slot */
+		uint64_t version;	/* the catalog key it was made with */
+		char *sql;		/* the rewritten text; NULL: not rewritable */
+	} slot[OR_MEMO_SLOTS];
+	unsigned next;			/* the slot replaced next */
 };
 struct or_rewrite_memo *or_cache_memo(struct or_cache *c, const struct or_analysis *a);
+/* The memoized rewrite for (org, version): true and *sql (NULL: nothing to
+ * rewrite) when known. */
+bool or_memo_get(const struct or_rewrite_memo *m, const char *org, uint64_t version, const char **sql);
+/* Remember a rewrite; `sql` (may be NULL) is taken over. false: out of memory (sql freed). */
+bool or_memo_put(struct or_rewrite_memo *m, const char *org, uint64_t version, char *sql);
 
 uint64_t or_hash(const char *s, size_t n, uint64_t seed);
 

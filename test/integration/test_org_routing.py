@@ -2,16 +2,20 @@
 """The org_routing plugin (issue 4): each statement's organization (DESIGN
 §8), set_config('lokadb.org', ...) pipelined before statements on LokaDB
 tables, leaf addressing of single-organization statements compared with the
-unrewritten results, refusal of COPY ... TO without an organization,
-route_log, SHOW ORG_ROUTING, and the protocol features that must work as
-without the plugin -- all through the real meta_cache plugin.
+unrewritten results (also with the organization as a Bind parameter: the
+statement parsed again at its Bind), refusal of COPY ... TO without an
+organization, organization affinity of the pool, statements of a paused
+organization held, plan_cache_mode = force_custom_plan against the generic
+plans of prepared statements, route_log, SHOW ORG_ROUTING, and the protocol
+features that must work as without the plugin -- all through the real
+meta_cache plugin.
 
 The schema is the test's own, in a database of its own: organizations,
 projects (a cloud table), documents and versions (tenant tables with
 (organization_id, id) indexes), made LokaDB tables by running
 plugins/move/catalog.sql and partitioning them in SQL here: LIST by
-organization_id with a DEFAULT partition, organization 2 isolated in a
-container partition holding one leaf, and the catalog rows written
+organization_id with a DEFAULT partition, organizations 2 and 5 isolated,
+each in a container partition holding one leaf, and the catalog rows written
 directly (no move plugin command is used)."""
 
 import os
@@ -19,18 +23,18 @@ import re
 import threading
 import time
 
-import psycopg
 import pytest
-from psycopg import errors, sql
+from psycopg import errors
 
-from lokadb_harness import HERE, SLOW, Wire, assert_error, wait_until
+from lokadb_harness import HERE, SLOW, BgCall, Wire, assert_error, wait_until
 
 REPO = (HERE / "../..").resolve()
 CATALOG_SQL = (REPO / "plugins/move/catalog.sql").read_text()
 APP_DB = f"or_app_{os.getpid()}"
 USER = "trustuser"
-ORGS = (1, 2, 3)
+ORGS = (1, 2, 3, 5)
 ISOLATED = 2
+ISOLATED2 = 5                   # a second organization with its own partitions
 DOCS_PER_ORG = 30
 
 SCHEMA_SQL = """
@@ -43,15 +47,20 @@ CREATE TABLE documents (organization_id bigint NOT NULL, id bigserial NOT NULL, 
 CREATE TABLE documents_default PARTITION OF documents DEFAULT;
 CREATE TABLE documents_o2 PARTITION OF documents FOR VALUES IN (2) PARTITION BY LIST (organization_id);
 CREATE TABLE documents_o2_1 PARTITION OF documents_o2 FOR VALUES IN (2);
+CREATE TABLE documents_o5 PARTITION OF documents FOR VALUES IN (5) PARTITION BY LIST (organization_id);
+CREATE TABLE documents_o5_1 PARTITION OF documents_o5 FOR VALUES IN (5);
 CREATE INDEX ON documents (organization_id, id);
 ALTER TABLE documents_default ADD PRIMARY KEY (organization_id, id);
 ALTER TABLE documents_o2_1 ADD PRIMARY KEY (organization_id, id);
+ALTER TABLE documents_o5_1 ADD PRIMARY KEY (organization_id, id);
 CREATE TABLE versions (organization_id bigint NOT NULL, id bigserial NOT NULL, document_id bigint NOT NULL,
                        body text NOT NULL)
     PARTITION BY LIST (organization_id);
 CREATE TABLE versions_default PARTITION OF versions DEFAULT;
 CREATE TABLE versions_o2 PARTITION OF versions FOR VALUES IN (2) PARTITION BY LIST (organization_id);
 CREATE TABLE versions_o2_1 PARTITION OF versions_o2 FOR VALUES IN (2);
+CREATE TABLE versions_o5 PARTITION OF versions FOR VALUES IN (5) PARTITION BY LIST (organization_id);
+CREATE TABLE versions_o5_1 PARTITION OF versions_o5 FOR VALUES IN (5);
 CREATE INDEX ON versions (organization_id, id);
 CREATE INDEX ON versions (organization_id, document_id);
 CREATE SCHEMA other;
@@ -76,20 +85,23 @@ ANALYZE;
 
 CATALOG_ROWS_SQL = """
 INSERT INTO lokadb.orgs (id, name, isolated) VALUES ('1', 'org 1', false), ('2', 'org 2', true),
-                                                   ('3', 'org 3', false);
+                                                   ('3', 'org 3', false), ('5', 'org 5', true);
 INSERT INTO lokadb.tables (schema_name, table_name, org_column, org_type, default_part) VALUES
     ('public', 'documents', 'organization_id', 'bigint', 'documents_default'),
     ('public', 'versions', 'organization_id', 'bigint', 'versions_default');
 INSERT INTO lokadb.partitions (schema_name, table_name, org_id, container, leaf) VALUES
     ('public', 'documents', '2', 'documents_o2', 'documents_o2_1'),
-    ('public', 'versions', '2', 'versions_o2', 'versions_o2_1');
+    ('public', 'versions', '2', 'versions_o2', 'versions_o2_1'),
+    ('public', 'documents', '5', 'documents_o5', 'documents_o5_1'),
+    ('public', 'versions', '5', 'versions_o5', 'versions_o5_1');
 """
 
 SHOW_COLUMNS = ["parse_cache_entries", "parse_cache_size", "parse_cache_hits", "parse_cache_misses",
                 "parse_cache_evictions", "parse_cache_invalidations", "statements_passed",
                 "statements_routed", "org_from_statement", "org_from_session", "org_none", "prefixes",
                 "prefixes_skipped", "refused", "rewritten", "rewrite_failed", "parse_errors",
-                "session_changes", "held_for_catalog"]
+                "session_changes", "held_for_catalog", "reparsed", "held_for_pause", "pause_timeouts",
+                "plan_mode_sets", "reparses_lost", "reparses_refused"]
 
 
 # ------------------------------------------------------------------ setup --
@@ -106,6 +118,12 @@ def app(pg):
         c.execute(f"ALTER DATABASE {APP_DB} SET log_statement = 'all'")
     yield pg
     pg.sql(f"DROP DATABASE IF EXISTS {APP_DB} WITH (FORCE)")
+
+
+def direct_admin(app, query, params=None):
+    """A statement run on PostgreSQL as the superuser (catalog changes)."""
+    with app.connect(dbname=APP_DB) as c:
+        c.execute(query, params)
 
 
 def direct(app, query, params=None):
@@ -452,6 +470,308 @@ def test_rewrite_off_keeps_statements_on_the_parent(router, app):
     assert stats(b)["rewritten"] == 0
 
 
+# ------------------------------------- leaf addressing at the Bind --
+
+ORM_FEED = ("SELECT d.* FROM documents d JOIN projects p ON p.id = d.project_id "
+            "WHERE d.organization_id = %s ORDER BY d.id DESC LIMIT 20")
+FEED_LEAF = {ISOLATED: "documents_o2_1", ISOLATED2: "documents_o5_1"}
+
+
+def executed(app, since, needle="documents"):
+    """The texts PostgreSQL executed (log_statement = all) since a log offset."""
+    out = []
+    for line in app.log_since(since).splitlines():
+        m = re.search(r"(?:statement|execute [^:]*): (.*)$", line)
+        if m and needle in m.group(1) and "set_config" not in m.group(1):
+            out.append(m.group(1))
+    return out
+
+
+def check_feed_binds(b, app, c, prepare, orgs):
+    """Run the ORM feed for each organization in turn: same rows as on
+    PostgreSQL, and PostgreSQL ran it on the leaf exactly for isolated ones."""
+    for o in orgs:
+        log0 = app.log_size()
+        got = c.execute(ORM_FEED, [o], prepare=prepare).fetchall()
+        ran = executed(app, log0)
+        assert got == direct(app, ORM_FEED, [o]) and len(got) == 20, (prepare, o)
+        assert len(ran) == 1, (prepare, o, ran)
+        if o in FEED_LEAF:
+            assert f"public.{FEED_LEAF[o]} d" in ran[0] and "organization_id = $1" in ran[0], ran
+        else:
+            assert "documents_o" not in ran[0] and "FROM documents d" in ran[0], ran
+
+
+def test_a_parameter_organization_is_addressed_to_its_leaf_at_the_bind(router, app):
+    """The organization of `... WHERE d.organization_id = $1` is known at the
+    Bind only: the statement is parsed again there (query_reparse) with the
+    leaf text of that organization, or back with the client's text for an
+    organization without its own partition."""
+    b = router()
+    st0 = stats(b)
+    # psycopg's unnamed statement: Parse + Bind + Execute + Sync each time
+    with b.connect("app", USER) as c:
+        check_feed_binds(b, app, c, False, [ISOLATED, 1, ISOLATED2, 3, ISOLATED])
+    st1 = stats(b)
+    assert st1["reparsed"] - st0["reparsed"] == 3
+    # a named statement bound with organizations in turn: isolated, not
+    # isolated (parsed back to the parent text), another isolated one, ...
+    with b.connect("app", USER, prepare_threshold=5) as c:
+        check_feed_binds(b, app, c, True, [ISOLATED, 1, ISOLATED2, 3, 3, ISOLATED, ISOLATED, 1])
+    st2 = stats(b)
+    assert st2["reparsed"] - st1["reparsed"] == 6       # not for a second Bind of the same text
+    lines = route_lines(b)
+    assert any(re.search(r" B org=2 decision=param target=SELECT .*documents_o2_1 .*rewrite=leaf "
+                         r"prefix=\S+ reparse=yes$", l) for l in lines), lines
+    assert any(re.search(r" B org=1 decision=param .*rewrite=parent prefix=\S+ reparse=yes$", l) for l in lines)
+    # DML with parameters on an isolated organization: same effect as on the parent
+    with b.connect("app", USER, prepare_threshold=5) as c:
+        some_id = direct(app, "SELECT min(id) FROM documents WHERE organization_id = 5")[0][0]
+        for prepare in (False, True):
+            log0 = app.log_size()
+            row = c.execute("UPDATE documents SET title = title || '' WHERE organization_id = %s AND id = %s "
+                            "RETURNING id, title", [ISOLATED2, some_id], prepare=prepare).fetchone()
+            assert "public.documents_o5_1 documents" in executed(app, log0)[0]
+            assert row == direct(app, "SELECT id, title FROM documents WHERE id = %s", [some_id])[0]
+        # a binary parameter, INSERT rows with parameters
+        log0 = app.log_size()
+        c.execute("INSERT INTO versions (organization_id, document_id, body) VALUES (%b, %s, 'bin ins')",
+                  [ISOLATED2, some_id])
+        assert "INTO public.versions_o5_1 AS versions" in executed(app, log0, "versions")[0]
+        assert direct(app, "SELECT tableoid::regclass::text FROM versions WHERE body = 'bin ins'") == \
+            [("versions_o5_1",)]
+        c.execute("DELETE FROM versions WHERE organization_id = %s AND body = 'bin ins'", [ISOLATED2])
+    assert direct(app, "SELECT count(*) FROM versions WHERE body = 'bin ins'")[0][0] == 0
+
+
+def test_a_pipeline_of_binds_for_several_organizations_gets_each_its_rows(router, app):
+    """psycopg's pipeline mode sends many Binds before one Sync: the core
+    keeps only so many re-parses in flight, so after a few leaves the
+    statement stays on the parent text (right for every organization), and
+    no prefix goes where the batch may still be open."""
+    b = router()
+    orgs = [ISOLATED, 1, ISOLATED2, 3, ISOLATED, ISOLATED2, 1, ISOLATED, ISOLATED2, 1, ISOLATED, 3, ISOLATED2]
+    for threshold in (None, 0):             # unnamed statements, then one named statement
+        with b.connect("app", USER, prepare_threshold=threshold) as c:
+            with c.pipeline():
+                curs = []
+                for o in orgs:
+                    curs.append((o, c.cursor()))
+                    curs[-1][1].execute(ORM_FEED, [o])
+            for o, cur in curs:
+                assert cur.fetchall() == direct(app, ORM_FEED, [o]), (threshold, o)
+            # back to one statement per Sync: prefixes come back (the first one
+            # after the pipeline may be skipped: its batch could still be open)
+            q = f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = 3 AND %s"
+            c.execute(q, [True])
+            assert c.execute(q, [True]).fetchone()[0] == "3"
+    st = stats(b)
+    assert st["reparses_lost"] == 0 and st["reparses_refused"] == 0, st
+    assert st["reparsed"] >= 4
+
+
+def test_a_statement_rewritten_at_its_parse_follows_the_catalog_at_each_bind(router, app):
+    """A named statement with a constant organization is addressed to the
+    leaf at its Parse; its later Binds are routed on the client's text (the
+    prefix, the catalog: back to the parent if the leaf went away)."""
+    b = router()
+    q = "SELECT count(*) FROM documents WHERE organization_id = 5 AND %s"
+    n5 = direct(app, "SELECT count(*) FROM documents WHERE organization_id = 5")[0][0]
+    with b.connect("app", USER, prepare_threshold=5) as c:
+        log0 = app.log_size()
+        for _ in range(3):
+            assert c.execute(q, [True], prepare=True).fetchone()[0] == n5
+        assert all("documents_o5_1" in t for t in executed(app, log0)), executed(app, log0)
+        v0 = int(b.admin_dicts("SHOW META_CACHE")[0]["version"])
+        try:
+            direct_admin(app, "UPDATE lokadb.orgs SET isolated = false WHERE id = '5'")
+            wait_until(lambda: int(b.admin_dicts("SHOW META_CACHE")[0]["version"]) > v0, 5 * SLOW,
+                       what="meta_cache to load the change")
+            log0 = app.log_size()
+            assert c.execute(q, [True], prepare=True).fetchone()[0] == n5
+            ran = executed(app, log0)
+            assert len(ran) == 1 and "documents_o5" not in ran[0], ran
+        finally:
+            direct_admin(app, "UPDATE lokadb.orgs SET isolated = true WHERE id = '5'")
+    lines = route_lines(b)
+    assert any(" B org=5 decision=statement " in l and "rewrite=parent" in l for l in lines), lines
+
+
+# ------------------------------------------ organization affinity --
+
+def backend_of(w, org):
+    """pg_backend_pid() of the server a statement of `org` ran on."""
+    return w.query(f"SELECT pg_backend_pid(), count(*) FROM documents WHERE organization_id = {org}").rows[0][0]
+
+
+def open_servers(b, n):
+    """n server connections in the pool: n clients in a block at once, then idle."""
+    ws = [b.login("app", USER) for _ in range(n)]
+    for w in ws:
+        w.query("BEGIN")
+        w.query("SELECT 1")
+    for w in ws:
+        w.query("COMMIT")
+        w.close()
+
+
+def test_each_organization_keeps_its_server_connection_with_org_affinity(router):
+    b = router(settings={"pool_mode": "transaction", "default_pool_size": 3})
+    assert b.show_config()["plugin.org_routing.org_affinity"]["default"] == "8"
+    open_servers(b, 3)
+    w = b.login("app", USER)
+    seen = {o: set() for o in (1, 3, ISOLATED)}
+    for _ in range(4):
+        for o in seen:
+            seen[o].add(backend_of(w, o))
+    assert all(len(p) == 1 for p in seen.values()), seen
+    pids = {next(iter(p)) for p in seen.values()}
+    assert len(pids) == 3, seen
+    # the session's organization is the affinity of statements without one
+    w.query("SET lokadb.org = 3")
+    assert w.query("SELECT pg_backend_pid(), count(*) FROM projects").rows[0][0] in seen[3]
+    assert backend_of(w, 1) in seen[1]
+    # a busy affine server never makes a client wait while another one is idle
+    a = b.login("app", USER)
+    a.query("BEGIN")
+    busy = backend_of(a, 1)
+    assert busy in seen[1]
+    o = b.login("app", USER)
+    t0 = time.monotonic()
+    other = o.query("SELECT pg_backend_pid(), count(*) FROM documents WHERE organization_id = 1",
+                    timeout=2 * SLOW).rows[0][0]
+    assert other != busy and time.monotonic() - t0 < 1 * SLOW
+    a.query("COMMIT")
+    assert backend_of(w, 1) in seen[1] | {other}
+
+
+def test_without_org_affinity_the_pool_gives_the_last_used_server(router):
+    b = router(settings={"pool_mode": "transaction", "default_pool_size": 3}, extra="org_affinity = 0\n")
+    open_servers(b, 3)
+    w = b.login("app", USER)
+    pids = {backend_of(w, o) for _ in range(3) for o in (1, 3, ISOLATED)}
+    assert len(pids) == 1, pids
+    res = b.admin_result("SET plugin.org_routing.org_affinity = '33'")
+    assert_error(res.error, "22023", "must be a number of organizations per server 0..32")
+
+
+# ---------------------------------------------- paused organizations --
+
+def mc_version(b):
+    return int(b.admin_dicts("SHOW META_CACHE")[0]["version"])
+
+
+def set_paused(app, b, org, paused):
+    """lokadb.orgs.paused as a move's switch sets it, seen by meta_cache."""
+    v0 = mc_version(b)
+    direct_admin(app, "UPDATE lokadb.orgs SET paused = %s WHERE id = %s", [paused, str(org)])
+    wait_until(lambda: mc_version(b) > v0, 5 * SLOW, what="meta_cache to load the change")
+
+
+def test_statements_of_a_paused_organization_wait_until_it_is_unpaused(router, app):
+    b = router()
+    count = {o: [[str(direct(app, "SELECT count(*) FROM documents WHERE organization_id = %s", [o])[0][0])]]
+             for o in (1, 3)}
+    held, by_session, other, block = (b.login("app", USER) for _ in range(4))
+    by_session.query("SET lokadb.org = 3")
+    block.query("BEGIN")
+    block.query("SELECT count(*) FROM documents WHERE organization_id = 1")
+    bgs = []
+    try:
+        set_paused(app, b, 3, True)
+        t0 = time.monotonic()
+        bgs.append(BgCall(held.query, "SELECT count(*) FROM documents WHERE organization_id = 3", timeout=10))
+        bgs.append(BgCall(by_session.query, "SELECT count(*) FROM documents", timeout=10))
+
+        def extended():
+            with b.connect("app", USER) as c:
+                return [[str(c.execute("SELECT count(*) FROM documents WHERE organization_id = %s", [3]
+                                       ).fetchone()[0])]]
+        bgs.append(BgCall(extended))
+        # other organizations, statements on no LokaDB table, and a block that
+        # already ran on LokaDB tables (it may hold locks the switch waits for) go on
+        assert other.query("SELECT count(*) FROM documents WHERE organization_id = 1").rows == count[1]
+        assert other.query("SELECT count(*) FROM projects WHERE organization_id = 3").rows == [["3"]]
+        assert block.query("SELECT count(*) FROM documents WHERE organization_id = 3").rows == count[3]
+        block.query("COMMIT")
+        assert time.monotonic() - t0 < 1 * SLOW
+        wait_until(lambda: stats(b)["held_for_pause"] >= 3, 5 * SLOW, what="three statements held")
+        time.sleep(0.3)
+        assert not any(bg.done() for bg in bgs)
+    finally:
+        set_paused(app, b, 3, False)
+    t1 = time.monotonic()
+    assert bgs[0].result(5 * SLOW).rows == count[3]
+    assert bgs[1].result(5 * SLOW).rows == [[str(direct(app, "SELECT count(*) FROM documents")[0][0])]]
+    assert bgs[2].result(5 * SLOW) == count[3]
+    assert time.monotonic() - t1 < 1 * SLOW
+    assert stats(b)["pause_timeouts"] == 0
+    assert sum(" org=3 decision=paused " in l for l in route_lines(b)) == 3, route_lines(b)
+
+
+def test_a_statement_paused_longer_than_pause_timeout_fails_with_55P03(router, app):
+    b = router(extra="pause_timeout = 300ms\n")
+    w = b.login("app", USER)
+    try:
+        set_paused(app, b, 3, True)
+        t0 = time.monotonic()
+        res = w.query("SELECT count(*) FROM documents WHERE organization_id = 3", raise_error=False,
+                      timeout=5 * SLOW)
+        waited = time.monotonic() - t0
+        assert_error(res.error, "55P03", "organization 3 is paused")
+        assert "pause_timeout (300ms)" in res.error.message
+        assert 0.25 <= waited < 2 * SLOW, waited
+        assert w.scalar("SELECT 1") == "1"                  # the session goes on
+        assert stats(b)["pause_timeouts"] == 1
+    finally:
+        set_paused(app, b, 3, False)
+    assert w.query("SELECT count(*) FROM documents WHERE organization_id = 3").error is None
+    res = b.admin_result("SET plugin.org_routing.pause_timeout = '0'")
+    assert_error(res.error, "22023", "must be a duration")
+
+
+# ---------------------------------------------- generic-plan trap --
+
+def test_no_prepared_statement_on_a_parent_runs_with_a_generic_plan(router, app):
+    """PostgreSQL builds a generic plan over every partition at a prepared
+    statement's 6th execution (and uses it when it looks cheaper, or always
+    with force_generic_plan): org_routing sets plan_cache_mode =
+    force_custom_plan on the server with its prefix. The role's default is
+    made force_generic_plan here, so that only the plugin's setting can
+    explain custom plans."""
+    q = "SELECT count(*) FROM documents WHERE organization_id = %s"
+    n1 = direct(app, "SELECT count(*) FROM documents WHERE organization_id = 1")[0][0]
+    direct_admin(app, f"ALTER ROLE {USER} IN DATABASE {APP_DB} SET plan_cache_mode = force_generic_plan")
+    try:
+        for force in ("on", "off"):
+            b = router(settings={"pool_mode": "transaction", "default_pool_size": 1},
+                       extra=f"force_custom_plan = {force}\n")
+            with b.connect("app", USER, prepare_threshold=5) as c:
+                for _ in range(8):
+                    assert c.execute(q, [1], prepare=True).fetchone()[0] == n1
+                c.execute("PREPARE p (bigint) AS SELECT count(*) FROM documents WHERE organization_id = $1")
+                for _ in range(7):
+                    assert c.execute("EXECUTE p (1)").fetchone()[0] == n1
+                plan = "\n".join(r[0] for r in c.execute("EXPLAIN EXECUTE p (1)").fetchall())
+                rows = c.execute("SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements "
+                                 "WHERE statement LIKE '%documents%' ORDER BY statement").fetchall()
+                mode = c.execute("SHOW plan_cache_mode").fetchone()[0]
+                c.execute("DEALLOCATE p")
+            assert len(rows) == 2, rows
+            if force == "on":
+                assert mode == "force_custom_plan"
+                assert all(r[1] == 0 and r[2] >= 7 for r in rows), rows
+                assert "'1'::bigint" in plan and "$1" not in plan, plan      # a custom plan
+                assert stats(b)["plan_mode_sets"] >= 1
+            else:
+                assert mode == "force_generic_plan"
+                assert all(r[1] >= 7 for r in rows), rows
+                assert "$1" in plan, plan
+                assert stats(b)["plan_mode_sets"] == 0
+    finally:
+        direct_admin(app, f"ALTER ROLE {USER} IN DATABASE {APP_DB} RESET plan_cache_mode")
+
+
 # ---------------------------------------- protocol features unchanged --
 
 def test_protocol_features_keep_working_through_the_plugin(router, app):
@@ -690,3 +1010,21 @@ def test_no_prefix_goes_into_the_middle_of_a_batch(router):
     assert_error(res.error, "42703", "no_such_column")
     assert w.query(f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = 3").rows == [["3", n[3]]]
     assert stats(b)["prefixes_skipped"] >= 2
+
+
+
+
+def test_a_parse_sent_alone_after_a_prefix_keeps_its_server(router):
+    # the ReadyForQuery of the prefix must not make the core release the server mid-batch
+    b = router(settings={"pool_mode": "transaction", "default_pool_size": 2}, extra="force_custom_plan = off\n")
+    w = b.login("app", USER)
+    w.send(Wire.parse_msg("SELECT count(*) FROM documents WHERE organization_id = 1"))   # prefix + Parse
+    time.sleep(0.3)                         # the prefix's ReadyForQuery comes back meanwhile
+    other = b.login("app", USER)
+    other.query("BEGIN")
+    other.query("SELECT 1")                 # takes a server: it must not be w's
+    w.send(Wire.bind_msg() + Wire.execute_msg() + Wire.sync_msg())
+    res = w.read_until_ready(timeout=5 * SLOW)
+    other.query("ROLLBACK")
+    assert res.error is None, res.error
+
