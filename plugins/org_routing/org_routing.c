@@ -85,17 +85,20 @@
 
 static const lk_api *api;
 
+#define NAMEDATALEN_OR 64	/* PostgreSQL identifiers are at most 63 bytes */
+
 /* Counters of SHOW ORG_ROUTING, in its column order. */
 enum or_counter {
 	N_PASSED, N_ROUTED, N_ORG_STATEMENT, N_ORG_SESSION, N_ORG_NONE, N_PREFIXES, N_PREFIXES_SKIPPED,
 	N_REFUSED, N_REWRITTEN, N_REWRITE_FAILED, N_PARSE_ERRORS, N_SESSION_CHANGES, N_HELD,
-	N_REPARSED, N_HELD_PAUSE, N_PAUSE_TIMEOUTS, N_PLAN_MODE, N_REPARSE_LOST, N_REPARSE_REFUSED, N_COUNT
+	N_REPARSED, N_HELD_PAUSE, N_PAUSE_TIMEOUTS, N_PLAN_MODE, N_REPARSE_LOST, N_REPARSE_REFUSED, N_PREFILTERED,
+	N_COUNT
 };
 static const char *const counter_names[N_COUNT] = {
 	"statements_passed", "statements_routed", "org_from_statement", "org_from_session", "org_none",
 	"prefixes", "prefixes_skipped", "refused", "rewritten", "rewrite_failed", "parse_errors",
 	"session_changes", "held_for_catalog", "reparsed", "held_for_pause", "pause_timeouts",
-	"plan_mode_sets", "reparses_lost", "reparses_refused",
+	"plan_mode_sets", "reparses_lost", "reparses_refused", "statements_prefiltered",
 };
 
 struct orc;
@@ -1071,6 +1074,8 @@ static int route_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 /* ================= hooks ================= */
 
 /* Route a message whose catalog is current. LK_ASYNC: held (paused organization). */
+static bool may_matter(struct orr *g, const struct orc *x, const char *user, const char *sql);
+
 static int route_now(struct orr *g, lk_event *ev, lk_client *c, struct orc *x)
 {
 	const struct or_analysis *a;
@@ -1097,6 +1102,17 @@ static int route_now(struct orr *g, lk_event *ev, lk_client *c, struct orc *x)
 				return LK_CONTINUE;
 			orig = orig_copy;	/* decide on the client's own text */
 		}
+	}
+	if (!may_matter(g, x, api->client_user(c), orig)) {
+		g->n[N_PASSED]++;
+		g->n[N_PREFILTERED]++;
+		x->last_ends_txn = false;
+		give_affinity(g, c, x, predicted_org(x));
+		if (g->route_log) {
+			struct decision d = { .rewrite = "no", .prefix = "-" };
+			route_log(g, ev, &d, "pass");
+		}
+		goto done;
 	}
 	names.mc = g->mc;
 	names.search_path = x->search_path ? x->search_path : OR_DEFAULT_PATH;
@@ -1208,6 +1224,81 @@ static void subscribe(struct orr *g)
 {
 	if (!g->subscribed && g->mc && g->mc->on_change && g->mc->on_change(on_catalog_change, g) == 0)
 		g->subscribed = true;
+}
+
+/*
+ * Prefilter: can this text matter to routing at all? It can when one of its
+ * words (anywhere: identifiers, strings, comments) names a LokaDB table as
+ * PostgreSQL would resolve it (schema.name, or name along the search_path),
+ * or is a word of a statement that changes the session or ends a
+ * transaction. Otherwise the message passes without being parsed or
+ * cached, so statements with fresh literals (pgbench -M simple, ORMs that
+ * inline values) neither cost a parse nor evict the cache. False positives
+ * only cost the parse.
+ */
+static bool word_is(const char *w, size_t n, const char *kw)
+{
+	return strlen(kw) == n && strncasecmp(w, kw, n) == 0;
+}
+
+static bool may_matter(struct orr *g, const struct orc *x, const char *user, const char *sql)
+{
+	static const char *const keywords[] = {
+		"lokadb", "search_path", "set_config", "reset", "discard", "commit", "rollback", "abort", "end",
+		"prepare", "execute", "deallocate", "begin", "start", "plan_cache_mode", NULL
+	};
+	const char *path = x->search_path ? x->search_path : OR_DEFAULT_PATH;
+	char prev[NAMEDATALEN_OR] = "", word[NAMEDATALEN_OR];
+	bool prev_dot = false;
+	const char *p = sql;
+
+	while (*p) {
+		const char *w;
+		size_t n;
+		bool quoted = false;
+		if (*p == '"') {
+			w = ++p;
+			while (*p && *p != '"')
+				p++;
+			n = (size_t)(p - w);
+			if (*p)
+				p++;
+			quoted = true;
+		} else if (isalpha((unsigned char)*p) || *p == '_' || (unsigned char)*p >= 0x80) {
+			w = p;
+			while (isalnum((unsigned char)*p) || *p == '_' || *p == '$' || (unsigned char)*p >= 0x80)
+				p++;
+			n = (size_t)(p - w);
+		} else {
+			if (*p != '.' && !isspace((unsigned char)*p)) {
+				prev[0] = 0;
+				prev_dot = false;
+			} else if (*p == '.') {
+				prev_dot = prev[0] != 0;
+			}
+			p++;
+			continue;
+		}
+		if (n == 0 || n >= sizeof(word)) {
+			prev[0] = 0;
+			prev_dot = false;
+			continue;
+		}
+		for (size_t i = 0; i < n; i++)
+			word[i] = quoted ? w[i] : (char)tolower((unsigned char)w[i]);
+		word[n] = 0;
+		if (!quoted)
+			for (int k = 0; keywords[k]; k++)
+				if (word_is(word, n, keywords[k]))
+					return true;
+		if (prev_dot && g->mc->table(prev, word))
+			return true;
+		if (g->mc->table_search(word, path, user))
+			return true;
+		memcpy(prev, word, n + 1);
+		prev_dot = false;
+	}
+	return false;
 }
 
 static int or_query(lk_plugin *self, lk_event *ev)

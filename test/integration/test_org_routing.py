@@ -101,7 +101,7 @@ SHOW_COLUMNS = ["parse_cache_entries", "parse_cache_size", "parse_cache_hits", "
                 "statements_routed", "org_from_statement", "org_from_session", "org_none", "prefixes",
                 "prefixes_skipped", "refused", "rewritten", "rewrite_failed", "parse_errors",
                 "session_changes", "held_for_catalog", "reparsed", "held_for_pause", "pause_timeouts",
-                "plan_mode_sets", "reparses_lost", "reparses_refused"]
+                "plan_mode_sets", "reparses_lost", "reparses_refused", "statements_prefiltered"]
 
 
 # ------------------------------------------------------------------ setup --
@@ -970,11 +970,19 @@ def test_show_org_routing_counts_the_parse_cache_and_the_decisions(router):
     assert st["parse_cache_hits"] - st0["parse_cache_hits"] == 2
     assert st["statements_routed"] - st0["statements_routed"] == 3
     assert st["org_from_statement"] - st0["org_from_statement"] == 3
+    # statements that name no LokaDB table (and change nothing of the session)
+    # pass on the prefilter: not parsed, not cached
     for i in range(20):
         w.query(f"SELECT {i}")
+    st2 = stats(b)
+    assert st2["statements_prefiltered"] - st["statements_prefiltered"] == 20
+    assert st2["parse_cache_misses"] == st["parse_cache_misses"]
+    # ones that do name a LokaDB table (here in a string) are parsed and cached, within the bound
+    for i in range(20):
+        w.query(f"SELECT {i}, 'documents'")
     st = stats(b)
     assert st["parse_cache_size"] == 16 and st["parse_cache_entries"] <= 16 and st["parse_cache_evictions"] >= 4
-    assert st["statements_passed"] >= 20
+    assert st["statements_passed"] >= 40
     res = b.admin_result("SET plugin.org_routing.parse_cache_size = '3'")
     assert_error(res.error, "22023", "must be a number of statements 16..1000000")
 
