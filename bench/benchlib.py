@@ -40,7 +40,7 @@ def log(msg):
 # --------------------------------------------------------------------------
 
 _cleanups = []          # (name, fn), run last-registered first
-_cleaned = False
+_cleaning = False
 
 
 def on_cleanup(name, fn):
@@ -48,11 +48,15 @@ def on_cleanup(name, fn):
 
 
 def cleanup():
-    """Stop every registered process and remove every temp dir (idempotent)."""
-    global _cleaned
-    if _cleaned:
+    """Stop every registered process and remove every temp dir (idempotent).
+
+    Each registered function runs once (it is taken off the list first), so a
+    second call only does what is left; one benchmark suite may clean up and
+    the next one register new processes and clean them up in turn."""
+    global _cleaning
+    if _cleaning:
         return
-    _cleaned = True
+    _cleaning = True
     # A second Ctrl-C during cleanup must not leave processes behind.
     old = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -64,6 +68,7 @@ def cleanup():
                 print(f"cleanup of {name} failed: {e!r}", file=sys.stderr)
     finally:
         signal.signal(signal.SIGINT, old)
+        _cleaning = False
 
 
 def _on_sigterm(signum, frame):
@@ -263,6 +268,27 @@ class Postgres:
         return r.stdout.strip()
 
 
+def psql_dicts(pg, sql, dbname="postgres", port=None, timeout=60):
+    """Rows of one statement as dicts by column name (text values, NULL as None),
+    run with psql as postgres over TCP (raises on error)."""
+    r = subprocess.run([str(PG_BIN / "psql"), "-X", "-q", "-A", "-F", "\x1f", "-R", "\x1e",
+                        "-P", "null=\x1d", "-P", "footer=off", "-v", "ON_ERROR_STOP=1",
+                        "-h", pg.host, "-p", str(port or pg.port), "-U", "postgres",
+                        "-d", dbname, "-c", sql],
+                       capture_output=True, text=True, timeout=timeout, env=client_env())
+    if r.returncode != 0:
+        raise RuntimeError(f"psql -c {sql!r} failed: {r.stderr.strip()}")
+    recs = [x for x in r.stdout.rstrip("\n").split("\x1e") if x.strip("\n")]
+    if not recs:
+        return []
+    cols = recs[0].strip("\n").split("\x1f")
+    rows = []
+    for rec in recs[1:]:
+        vals = rec.strip("\n").split("\x1f")
+        rows.append({c: (None if v == "\x1d" else v) for c, v in zip(cols, vals)})
+    return rows
+
+
 # --------------------------------------------------------------------------
 # poolers
 # --------------------------------------------------------------------------
@@ -276,8 +302,9 @@ class Pooler:
     files.  settings go into the [lokadb] / [pgbouncer] section (e.g. plugins
     and plugin_dir)."""
 
-    def __init__(self, kind, binary, base, pg, dbname, settings):
+    def __init__(self, kind, binary, base, pg, dbname, settings, sections=None):
         self.kind = kind
+        self.sections = sections or {}   # extra ini sections: {"plugin.x": {key: value}}
         self.binary = binary
         self.dir = Path(base) / kind
         self.pg = pg
@@ -315,6 +342,8 @@ class Pooler:
         lines += ["", "[databases]",
                   f"{self.dbname} = host={self.pg.host} port={self.pg.port} dbname={self.dbname}",
                   ""]
+        for name, kv in self.sections.items():
+            lines += [f"[{name}]"] + [f"{k} = {v}" for k, v in kv.items()] + [""]
         self.ini.write_text("\n".join(lines))
         for p in (self.logfile, self.stderr_path):
             p.touch()
@@ -351,6 +380,11 @@ class Pooler:
             time.sleep(0.2)
         raise RuntimeError(f"{self.kind} did not accept a query within {timeout}s: {last}\n"
                            f"{tail(self.logfile)}")
+
+    def console_dicts(self, sql):
+        """A console command's rows as dicts by column name (values as text, NULL as None)."""
+        return psql_dicts(self.pg, sql, "lokadb" if self.kind != "pgbouncer" else "pgbouncer",
+                          self.port)
 
     def console(self, sql):
         """Run a console command (database lokadb, as the admin user postgres);

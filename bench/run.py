@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""LokaDB benchmarks (`make bench`): "cloud overhead" and "plugin overhead".
+"""LokaDB benchmarks (`make bench`): "cloud overhead", "plugin overhead" and
+"routing cost".
 
 cloud overhead: what a pooler adds on top of PostgreSQL: pgbench against the
 same throw-away PostgreSQL 15 cluster directly, through Debian's PgBouncer 1.18
@@ -13,6 +14,11 @@ t_noop loaded (only CLIENT_STARTUP and CLIENT_CLOSE hooks), interleaved alike
 with an A/A control: a third lokadb process with the same ini as the first (no
 plugins), whose ratio to it is the noise that t_noop's ratio is judged against.
 
+routing cost (bench/routing_cost.py): lokadb without plugins vs lokadb with
+meta_cache + org_routing (and org_affinity on, when org_routing has it) on
+tenant tables whose organizations are all in DEFAULT or all in their own
+partition, by number of organizations, in a cluster of its own.
+
     make bench                                  # full run (BENCH_SECONDS=15)
     /usr/bin/python3 bench/run.py --quick       # 3 s smoke run
     BENCH_SCENARIOS=select,connect /usr/bin/python3 bench/run.py
@@ -24,16 +30,19 @@ Environment:
     BENCH_WARMUP     warm-up seconds per target and row (default 3; --quick: 1)
     BENCH_SCENARIOS  comma list of scenarios (select, update, connect) or rows
                      (select:32); default all
-    BENCH_SUITES     comma list of the benchmarks to run: cloud, plugin
-                     (default both)
+    BENCH_SUITES     comma list of the benchmarks to run: cloud, plugin,
+                     routing (default all three)
+    BENCH_ROUTING_*  the routing cost suite's own settings: see
+                     bench/routing_cost.py and doc/benchmarks.md
     LOKADB_TEST_PLUGIN_DIR  directory holding t_noop.so (`make bench` sets it;
                      default build/rel/test-plugins)
     BENCH_POOL_SIZE  default_pool_size of both poolers (default 16)
     BENCH_LOKADB     lokadb binary (default ./lokadb of this repository)
     BENCH_KEEP_TMP   non-empty: keep the temp dir (cluster, inis, pooler logs)
 
-Results: bench/results/cloud-overhead.md and plugin-overhead.md, each with a
-dated copy NAME-YYYYMMDD.md (--quick writes NAME-quick.md only).
+Results: bench/results/cloud-overhead.md, plugin-overhead.md and
+routing-cost.md (+ routing-cost.png), each with a dated copy NAME-YYYYMMDD.md
+(--quick writes NAME-quick.md only).
 See doc/benchmarks.md. Python standard library only.
 """
 
@@ -51,6 +60,7 @@ from pathlib import Path
 sys.dont_write_bytecode = True   # keep bench/ free of __pycache__
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib as bl  # noqa: E402
+import routing_cost  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -79,7 +89,7 @@ TARGETS = ["direct", "pgbouncer", "lokadb"]               # cloud overhead
 PLUGIN_TARGETS = ["lokadb", "lokadb_noop", "lokadb_control"]
 TARGET_LABEL = {"direct": "direct", "pgbouncer": "PgBouncer", "lokadb": "lokadb",
                 "lokadb_noop": "lokadb + t_noop", "lokadb_control": "lokadb control"}
-SUITES = ["cloud", "plugin"]
+SUITES = ["cloud", "plugin", "routing"]
 NOOP_PLUGIN = "t_noop"
 # The plugin overhead rows: the per-statement scenarios (not -C).
 PLUGIN_SCENARIOS = ("select", "update")
@@ -809,15 +819,18 @@ def verdict(ok, what, detail, bad):
 
 def parse_args():
     ap = argparse.ArgumentParser(description="LokaDB benchmarks: cloud overhead "
-                                 "(direct vs PgBouncer vs lokadb) and plugin overhead "
+                                 "(direct vs PgBouncer vs lokadb), plugin overhead "
                                  "(lokadb without plugins vs lokadb with t_noop vs an identical "
-                                 "lokadb control)")
+                                 "lokadb control) and routing cost (lokadb without plugins vs "
+                                 "with meta_cache + org_routing, by number of organizations)")
     ap.add_argument("--quick", action="store_true",
-                    help="smoke test: 3 s runs, 1 round, 1 s warm-up; writes "
-                         "bench/results/cloud-overhead-quick.md and plugin-overhead-quick.md")
+                    help="smoke test: 3 s runs, 1 round, 1 s warm-up (routing cost: 1 and 100 "
+                         "organizations); writes bench/results/cloud-overhead-quick.md, "
+                         "plugin-overhead-quick.md and routing-cost-quick.md (+ .png)")
     ap.add_argument("--output", help="write the cloud overhead table here instead of "
                     "bench/results/ (the plugin overhead table goes next to it, as "
-                    "NAME-plugin-overhead.md; when only the plugin benchmark runs, to FILE)")
+                    "NAME-plugin-overhead.md, and the routing cost table as "
+                    "NAME-routing-cost.md; when only one benchmark runs, to FILE)")
     ap.add_argument("--strict", action="store_true",
                     help="exit with status 3 when a target fails")
     o = ap.parse_args()
@@ -856,6 +869,13 @@ def parse_args():
             o.suites.remove("plugin")
     if "plugin" not in o.suites:
         o.plugin_rows = []
+    if "routing" in o.suites:
+        why = routing_cost.setup_options(o)
+        if why:
+            if suites_env:
+                sys.exit(f"routing cost: {why}")
+            bl.log(f"routing cost skipped: {why}")
+            o.suites.remove("routing")
     if not o.suites:
         sys.exit("nothing to run: BENCH_SUITES / BENCH_SCENARIOS chose no row")
     if not os.access(o.lokadb, os.X_OK):
@@ -885,6 +905,30 @@ def main():
     o = parse_args()
     bl.install_cleanup_handlers()
     now = datetime.datetime.now(datetime.timezone.utc)
+    status = []
+    if o.rows or o.plugin_rows:
+        rc = run_cloud_plugin(o, now)
+        if rc == 130:
+            return rc
+        status.append(rc)
+    if "routing" in o.suites:
+        # A cluster of its own (settings for thousands of partitions), after
+        # the other suites have stopped theirs.
+        only_one = not (o.rows or o.plugin_rows)
+        rc, lines = routing_cost.run_suite(o, sys.modules[__name__], now, only_one)
+        if rc == 130:
+            return rc
+        if rc == 0 and o.strict and any(x.startswith("**FAIL") for x in lines):
+            rc = 3
+        status.append(rc)
+    for rc in (2, 1, 3):
+        if rc in status:
+            return rc
+    return 0
+
+
+def run_cloud_plugin(o, now):
+    """The cloud overhead and plugin overhead suites (one cluster, one run)."""
     nproc, model, mem, kernel = machine_info()
     load_before = os.getloadavg()[0]
     runs = len(o.rows) * len(TARGETS) + len(o.plugin_rows) * len(PLUGIN_TARGETS)
@@ -933,7 +977,7 @@ def main():
                                  "message": f"{kind} did not exit within 10 s of SIGTERM "
                                             f"(killed)", "log": bl.tail(p.logfile, 20)})
     reports = []
-    only_one = len(o.suites) == 1
+    only_one = len([s for s in o.suites if s in ("cloud", "plugin")]) == 1
     if "cloud" in o.suites:
         reports.append(("cloud-overhead", render(bench, results, meta),
                         targets(results)))
