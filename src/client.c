@@ -490,6 +490,14 @@ static bool read_startup(struct client *c, struct evbuffer *in)
 	return !c->closing;
 }
 
+/* A login hook failed: the client gets its SQLSTATE and message, FATAL. */
+static void close_with_plugin_error(struct client *c, const struct lk_event *ev)
+{
+	const char *state, *msg;
+	plugin_event_error(ev, &state, &msg);
+	client_close(c, state, "%s", msg);
+}
+
 /* CLIENT_STARTUP finished (c->lev decided): refuse the client or authenticate it. */
 static void client_startup_decided(struct client *c)
 {
@@ -497,11 +505,8 @@ static void client_startup_decided(struct client *c)
 	int rc = LK_CONTINUE;
 
 	plugin_event_decided(ev, &rc);
-	if (rc == LK_ERROR) {
-		const char *state, *msg;
-		plugin_event_error(ev, &state, &msg);
-		client_close(c, state, "%s", msg);
-	}
+	if (rc == LK_ERROR)
+		close_with_plugin_error(c, ev);
 	c->lev = NULL;
 	plugin_event_free(ev);
 	if (!c->closing)
@@ -574,9 +579,7 @@ static void client_auth_lookup_decided(struct client *c)
 
 	plugin_event_decided(ev, &rc);
 	if (rc == LK_ERROR) {
-		const char *state, *msg;
-		plugin_event_error(ev, &state, &msg);
-		client_close(c, state, "%s", msg);
+		close_with_plugin_error(c, ev);
 	} else if (rc == LK_HANDLED) {
 		c->secret = secret;
 		secret = NULL;

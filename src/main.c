@@ -85,6 +85,16 @@ static void usage(FILE *f)
 		   "  --describe-config  print doc/config.md and exit\n");
 }
 
+/* A setting or plugin that keeps lokadb from starting: the log goes to
+ * stderr unless -q/-d, then say it there too. */
+static int start_failed(const char *err)
+{
+	log_fatal("%s", err);
+	if (rt->quiet || rt->daemon)
+		fprintf(stderr, "lokadb: %s\n", err);
+	return 1;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option longopts[] = {
@@ -134,26 +144,14 @@ int main(int argc, char **argv)
 	runtime_apply_log_settings();
 	{
 		void *ctx;
-		if (!tls_client_check(rt->cf, &ctx, err, sizeof(err))) {
-			log_fatal("%s", err);
-			if (rt->quiet || rt->daemon)
-				fprintf(stderr, "lokadb: %s\n", err);
-			return 1;
-		}
+		if (!tls_client_check(rt->cf, &ctx, err, sizeof(err)))
+			return start_failed(err);
 		tls_client_apply(ctx);
-		if (!tls_server_check(rt->cf, &ctx, err, sizeof(err))) {
-			log_fatal("%s", err);
-			if (rt->quiet || rt->daemon)
-				fprintf(stderr, "lokadb: %s\n", err);
-			return 1;
-		}
+		if (!tls_server_check(rt->cf, &ctx, err, sizeof(err)))
+			return start_failed(err);
 		tls_server_apply(ctx);
-	}
-	if (!plugins_load(rt->cf, err, sizeof(err)) || !plugins_check(rt->cf, false, err, sizeof(err))) {
-		log_fatal("%s", err);
-		if (rt->quiet || rt->daemon)
-			fprintf(stderr, "lokadb: %s\n", err);
-		return 1;
+		if (!plugins_load(rt->cf, err, sizeof(err)) || !plugins_check(rt->cf, false, err, sizeof(err)))
+			return start_failed(err);
 	}
 	if (!runtime_open_listeners())
 		return 1;
