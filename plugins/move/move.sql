@@ -1087,12 +1087,16 @@ BEGIN
 			       lokadb._ins_cols(x.d), lokadb._ins_cols(x.d), lokadb._q(x.d), x.col, x.lit);
 		COMMIT;
 		LOOP
+			-- SET TRANSACTION must be the first statement of the transaction the
+			-- COMMIT below starts: nothing (not even the loop's arithmetic) may run
+			-- between that COMMIT and it
 			SET TRANSACTION ISOLATION LEVEL REPEATABLE READ;
 			applied := lokadb._isolate_apply(rel, org, keys);
-			COMMIT;
 			rounds := rounds + 1;
 			EXIT WHEN applied < 100 OR rounds >= 20;
+			COMMIT;
 		END LOOP;
+		COMMIT;
 	END IF;
 	attempt := 0;
 	LOOP
