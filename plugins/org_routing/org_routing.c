@@ -778,6 +778,17 @@ static void pstmt_set(struct orc *x, const char *name, const char *orig, const c
 
 /* ---- rewrites ---- */
 
+/* Does the organization have a leaf partition in a table the statement touches?
+ * (Checked before a rewrite, which costs a parse: most organizations stay in
+ * DEFAULT, and the memo of an entry keeps only a few organizations.) */
+static bool any_leaf(struct orr *g, const struct or_analysis *a, const char *org)
+{
+	for (int i = 0; i < a->nrefs; i++)
+		if (g->mc->leaf(a->refs[i].schema, a->refs[i].name, org))
+			return true;
+	return false;
+}
+
 /*
  * `sql` (analyzed as a) rewritten for d->org: to the leaves when to_leaf,
  * COPY table TO as COPY (query) TO. Memoized per parse-cache entry and
@@ -795,6 +806,8 @@ static const char *rewritten(struct orr *g, lk_event *ev, const struct orc *x, c
 
 	if (or_memo_get(m, d->org, key, &res))
 		return res;
+	if (to_leaf && d->first->kind != OR_K_COPY_TO_TABLE && !any_leaf(g, a, d->org))
+		return NULL;	/* the organization has no partition of its own: nothing to address */
 	names.user = api->client_user(api->ev_client(ev));
 	rc = or_rewrite(sql, a, &names, d->org, to_leaf, &out, &err);
 	if (rc == OR_RW_FAILED) {
