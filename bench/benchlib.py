@@ -31,6 +31,16 @@ PGBOUNCER_BIN = os.environ.get("BENCH_PGBOUNCER", "/usr/sbin/pgbouncer")
 IS_ROOT = os.geteuid() == 0
 
 
+REPO = Path(__file__).resolve().parent.parent
+
+
+def shown_path(text):
+    """A text for a report: paths inside the repository relative to it, and
+    the run's temp dirs as <tmp>, so reports do not carry this machine's paths."""
+    text = str(text).replace(str(REPO) + "/", "")
+    return re.sub(r"%s/lokadb-[A-Za-z0-9_.-]+" % re.escape(tempfile.gettempdir()), "<tmp>", text)
+
+
 def log(msg):
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 

@@ -926,7 +926,7 @@ def header(bench, meta):
              f"transaction, random organization per transaction")
     if bench.plugin_rows:
         L.append("- `SHOW PLUGINS` of plugins on (name|version|abi|path|hooks|transports|"
-                 "commands|state): " + "; ".join(f"`{r}`" for r in bench.plugin_rows))
+                 "commands|state): " + "; ".join(f"`{bl.shown_path(r)}`" for r in bench.plugin_rows))
     if getattr(bench, "probe_config", None):
         L.append("- org_routing settings (SHOW CONFIG of the probe, key = value (default)): "
                  + ", ".join(f"`{k.split('.', 2)[2]} = {r.get('value')}` ({r.get('default')})"

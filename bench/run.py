@@ -657,11 +657,11 @@ def render_plugin(bench, results, meta):
                f"three lokadb processes of the same binary with the same ini "
                f"(pool_mode=transaction, default_pool_size={o.pool_size}, auth_type=trust, "
                f"TCP on 127.0.0.1): \"no plugins\" and \"control\" with `plugins =` empty, "
-               f"\"{N}\" with `plugins = {N}` and `plugin_dir = {o.plugin_dir}`")
+               f"\"{N}\" with `plugins = {N}` and `plugin_dir = {bl.shown_path(o.plugin_dir)}`")
     if bench.plugin_rows is not None:
         L.append(f"- `SHOW PLUGINS` of lokadb + {N} (name|version|abi|path|hooks|"
                  f"transports|commands|state): "
-                 + "; ".join(f"`{r}`" for r in bench.plugin_rows))
+                 + "; ".join(f"`{bl.shown_path(r)}`" for r in bench.plugin_rows))
     if bench.no_plugins_checked:
         L.append("- `SHOW PLUGINS` of " + " and of ".join(
             "lokadb (no plugins)" if k == "lokadb" else TARGET_LABEL[k]

@@ -194,6 +194,20 @@ static void stmt_free(struct stmt_text *st);
 
 /* ================= small helpers ================= */
 
+/* Append one zeroed element to a registry array: its address, or NULL (out of memory). */
+static void *push_slot(void *arrp, int *n, size_t size)
+{
+	void **arr = arrp;
+	char *v = realloc(*arr, size * (size_t)(*n + 1));
+
+	if (!v)
+		return NULL;
+	*arr = v;
+	v += size * (size_t)(*n)++;
+	memset(v, 0, size);
+	return v;
+}
+
 static void set_str(char **dst, const char *src)
 {
 	free(*dst);
@@ -720,12 +734,9 @@ static int api_config_declare(lk_plugin *self, const char *key, const char *def,
 
 	if (!self->in_init || !key || !*key || setting_find(self, key))
 		return -1;
-	v = realloc(self->settings, sizeof(*v) * (size_t)(self->n_settings + 1));
+	v = push_slot(&self->settings, &self->n_settings, sizeof(*v));
 	if (!v)
 		return -1;
-	self->settings = v;
-	v = &v[self->n_settings++];
-	memset(v, 0, sizeof(*v));
 	v->key = xstrdup(key);
 	v->def = def ? xstrdup(def) : NULL;
 	v->doc = doc ? xstrdup(doc) : NULL;
@@ -1743,11 +1754,9 @@ static int api_console_register(lk_plugin *self, const char *name, int admin_onl
 	norm[n] = 0;
 	if (words < 1 || words > 2 || plugin_console_name_taken(norm) || admin_is_core_command(norm))
 		return -1;
-	v = realloc(P.cmds, sizeof(*v) * (size_t)(P.n_cmds + 1));
+	v = push_slot(&P.cmds, &P.n_cmds, sizeof(*v));
 	if (!v)
 		return -1;
-	P.cmds = v;
-	v = &v[P.n_cmds++];
 	v->name = xstrdup(norm);
 	v->pl = self;
 	v->fn = fn;
@@ -1861,11 +1870,9 @@ static int api_transport_register(lk_plugin *self, const char *name, lk_transpor
 	struct transport *v;
 	if (!name || !*name || !fn || transport_find(name) || strcmp(name, "tcp") == 0)
 		return -1;
-	v = realloc(P.transports, sizeof(*v) * (size_t)(P.n_transports + 1));
+	v = push_slot(&P.transports, &P.n_transports, sizeof(*v));
 	if (!v)
 		return -1;
-	P.transports = v;
-	v = &v[P.n_transports++];
 	v->name = xstrdup(name);
 	v->pl = self;
 	v->fn = fn;
@@ -2032,11 +2039,9 @@ static int api_service_publish(lk_plugin *self, const char *name, const void *ta
 	for (int i = 0; i < P.n_services; i++)
 		if (strcmp(P.services[i].name, name) == 0)
 			return -1;
-	v = realloc(P.services, sizeof(*v) * (size_t)(P.n_services + 1));
+	v = push_slot(&P.services, &P.n_services, sizeof(*v));
 	if (!v)
 		return -1;
-	P.services = v;
-	v = &v[P.n_services++];
 	v->name = xstrdup(name);
 	v->table = table;
 	v->pl = self;
@@ -2406,11 +2411,10 @@ static int api_startup_parameter(lk_plugin *self, const char *name)
 		return -1;
 	if (plugin_startup_param_ok(name))
 		return 0;
-	v = realloc(P.startup_params, sizeof(*v) * (size_t)(P.n_startup_params + 1));
+	v = push_slot(&P.startup_params, &P.n_startup_params, sizeof(*v));
 	if (!v)
 		return -1;
-	P.startup_params = v;
-	v[P.n_startup_params++] = xstrdup(name);
+	*v = xstrdup(name);
 	return 0;
 }
 
