@@ -731,6 +731,25 @@ static void show_dns_zones(struct admin_ctx *a)
 	finish(a, "SHOW");
 }
 
+/* SHOW PEERS / PEER_POOLS: the [peers] group (peers.c), with PgBouncer's columns. */
+static void show_peers(struct admin_ctx *a)
+{
+	static const char *const cols[] = { "peer_id", "host", "port", "pool_size" };
+	row_header(a, 4, cols);
+	peers_show(a->pb);
+	finish(a, "SHOW");
+}
+
+static void show_peer_pools(struct admin_ctx *a)
+{
+	static const char *const cols[] = {
+		"peer_id", "cl_active_cancel_req", "cl_waiting_cancel_req", "sv_active_cancel", "sv_login",
+	};
+	row_header(a, 5, cols);
+	peers_show_pools(a->pb);
+	finish(a, "SHOW");
+}
+
 static void show_help(struct admin_ctx *a);
 
 static const struct show_view {
@@ -757,13 +776,15 @@ static const struct show_view {
 	{ "mem", show_mem },
 	{ "dns_hosts", show_dns_hosts },
 	{ "dns_zones", show_dns_zones },
+	{ "peers", show_peers },
+	{ "peer_pools", show_peer_pools },
 	{ NULL, NULL },
 };
 
 static void show_help(struct admin_ctx *a)
 {
 	char msg[2048] = "SHOW HELP|CONFIG|DATABASES|POOLS|CLIENTS|SERVERS|USERS|VERSION|PLUGINS; "
-			 "SHOW SOCKETS|ACTIVE_SOCKETS|LISTS|MEM|STATE; SHOW DNS_HOSTS|DNS_ZONES; "
+			 "SHOW SOCKETS|ACTIVE_SOCKETS|LISTS|MEM|STATE; SHOW DNS_HOSTS|DNS_ZONES; SHOW PEERS|PEER_POOLS; "
 			 "SHOW STATS|STATS_TOTALS|STATS_AVERAGES|TOTALS; "
 			 "SET key = arg; RELOAD; PAUSE [db]; RESUME [db]; DISABLE db; ENABLE db; RECONNECT [db]; "
 			 "KILL [db]; KILL_CLIENT id; SHUTDOWN [WAIT_FOR_SERVERS|WAIT_FOR_CLIENTS]; WAIT_CLOSE [db]";

@@ -82,12 +82,12 @@ void client_accept(int fd, const struct sockaddr *sa, int salen, bool is_unix)
 		client_close(c, NULL, "out of memory");
 		return;
 	}
-	random_bytes(c->cancel_key, sizeof(c->cancel_key));
+	peers_new_cancel_key(c->cancel_key);
 	if (rt->n_clients > rt->cf->max_client_conn) {
 		client_close(c, "53300", "no more connections allowed (max_client_conn)");
 		return;
 	}
-	if (rt->shutdown != SHUT_NONE) {
+	if (rt->shutdown != SHUT_NONE && !is_unix) {
 		client_close(c, "57P01", "pooler is shutting down");
 		return;
 	}
@@ -360,11 +360,14 @@ static bool parse_startup(struct client *c, uint8_t *buf, uint32_t len, uint32_t
 	return true;
 }
 
-static void handle_cancel(struct client *c, const uint8_t *key)
+static void handle_cancel(struct client *c, const uint8_t *wire_key)
 {
 	struct pool *p;
 	struct client *target;
+	uint8_t key[8];
 
+	if (!peers_cancel_local(wire_key, key))
+		goto done;	/* another peer's key: forwarded there */
 	TAILQ_FOREACH(p, &rt->pools, entry) {
 		TAILQ_FOREACH(target, &p->active_clients, entry) {
 			if (memcmp(target->cancel_key, key, 8) != 0)
@@ -480,6 +483,10 @@ static bool read_startup(struct client *c, struct evbuffer *in)
 	if (!parse_startup(c, body, len - 8, code & 0xffff))
 		return false;
 	evbuffer_drain(in, len - 8);
+	if (rt->shutdown != SHUT_NONE && !admin_is_dbname(c->dbname)) {
+		client_close(c, "57P01", "pooler is shutting down");	/* the unix socket stays open for the console */
+		return false;
+	}
 	if (hook_on(LK_HOOK_CLIENT_STARTUP)) {
 		if (plugin_client_startup(c) == LK_ASYNC)
 			return false;	/* c->lev: resumed by the plugin */

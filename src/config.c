@@ -155,8 +155,12 @@ const struct cf_setting config_settings[] = {
 	  "Largest protocol message accepted from a client (PgBouncer: max_packet_size)." },
 	INT_ROW(max_user_connections, "0", 0, COUNT_MAX, true,
 		"Most server connections per user over all its pools (0 = unlimited)."),
+	STR_ROW(metrics_listen, NULL, false,
+		"`host:port` of a Prometheus text endpoint served at `/metrics` (e.g. `127.0.0.1:9127`); empty = off."),
 	INT_ROW(min_pool_size, "0", 0, COUNT_MAX, true,
 		"Keep at least this many server connections open in every pool."),
+	INT_ROW(peer_id, "0", 0, PEER_ID_MAX, false,
+		"This process's id in its `[peers]` group, encoded in the cancel keys it hands out (0 = peering off)."),
 	STR_ROW(pidfile, NULL, false,
 		"File to write the process id to; empty = none."),
 	INT_ROW(pkt_buf, "4096", PKT_BUF_MIN, PKT_BUF_MAX, false,
@@ -269,7 +273,6 @@ static const struct pgb_setting {
 	{ "max_db_client_connections", { "0" } },
 	{ "max_prepared_statements", { "0", "200" } },
 	{ "max_user_client_connections", { "0" } },
-	{ "peer_id", { "0" } },
 	{ "query_wait_notify", { "5" } },
 	{ "resolv_conf", { NULL } },
 	{ "sbuf_loopcnt", { "5" } },
@@ -337,6 +340,17 @@ static const struct conn_key user_keys[] = {
 	  "Most server connections for this user over all its pools (0 = unlimited)." },
 	{ NULL, KEY_STR, 0, NULL, NULL }
 };
+
+#define PEER(f) offsetof(struct peer_conf, f)
+static const struct conn_key peer_keys[] = {
+	{ "host", KEY_STR, PEER(host), "unix socket in /tmp",
+	  "The peer's host name or address; a value starting with `/` is the directory of its unix socket." },
+	{ "port", KEY_PORT, PEER(port), "6432", "The peer's port (also names its unix socket)." },
+	{ "pool_size", KEY_COUNT, PEER(pool_size), "default_pool_size",
+	  "Most cancel requests forwarded to the peer at the same time; more wait their turn." },
+	{ NULL, KEY_STR, 0, NULL, NULL }
+};
+#define DEFAULT_PEER_PORT 6432
 
 /* Connection-string options PgBouncer knows that we do not implement. */
 static const char *const pgb_conn_unsupported[] = {
@@ -813,6 +827,12 @@ static void db_conf_clear(struct db_conf *d)
 	free(d->name);
 }
 
+static void peer_conf_clear(struct peer_conf *pc)
+{
+	conn_obj_clear(peer_keys, pc);
+	free(pc->name);
+}
+
 void config_free(struct lk_config *cf)
 {
 	if (!cf)
@@ -829,6 +849,9 @@ void config_free(struct lk_config *cf)
 		free(cf->auth[i].user);
 		free(cf->auth[i].secret);
 	}
+	for (int i = 0; i < cf->n_peers; i++)
+		peer_conf_clear(&cf->peers[i]);
+	free(cf->peers);
 	for (int i = 0; i < cf->n_raw; i++) {
 		free(cf->raw[i].section);
 		free(cf->raw[i].key);
@@ -1257,6 +1280,54 @@ fail:
 	return false;
 }
 
+/* [peers]: `ID = host=... port=... pool_size=...`, ID 1 .. PEER_ID_MAX; a later line for an ID replaces it. */
+static bool load_peer(struct loader *ld, const char *section, const char *key, const char *value)
+{
+	struct lk_config *cf = ld->cf;
+	struct peer_conf pc = { .port = DEFAULT_PEER_PORT, .pool_size = -1 };
+	char what[REASON_LEN];
+	struct peer_conf *grown;
+	int64_t id;
+	int i;
+
+	(void)section;
+	pc.line = ld->lineno;
+	if (!scan_int(key, 10, &id) || id < 1 || id > PEER_ID_MAX)
+		return loader_fail(ld, "invalid peer id \"%s\": expected 1 .. %d", key, PEER_ID_MAX);
+	pc.id = (int)id;
+	pc.name = strdup(key);
+	if (!pc.name)
+		return loader_fail(ld, "out of memory");
+	snprintf(what, sizeof(what), "peer %d", pc.id);
+	if (!conn_parse(ld, peer_keys, &pc, what, value))
+		goto fail;
+	for (i = 0; i < cf->n_peers && cf->peers[i].id != pc.id; i++)
+		;
+	if (i == cf->n_peers) {
+		grown = array_grow(cf->peers, cf->n_peers, sizeof(*cf->peers));
+		if (!grown) {
+			loader_fail(ld, "out of memory");
+			goto fail;
+		}
+		cf->peers = grown;
+		cf->n_peers++;
+	}
+	peer_conf_clear(&cf->peers[i]);
+	cf->peers[i] = pc;
+	return true;
+fail:
+	peer_conf_clear(&pc);
+	return false;
+}
+
+const struct peer_conf *config_find_peer(const struct lk_config *cf, int id)
+{
+	for (int i = 0; i < cf->n_peers; i++)
+		if (cf->peers[i].id == id)
+			return &cf->peers[i];
+	return NULL;
+}
+
 static bool load_setting(struct loader *ld, const char *section, const char *key, const char *value)
 {
 	const struct cf_setting *s = config_find(key);
@@ -1305,7 +1376,7 @@ static const struct section_kind {
 	{ "pgbouncer", false, load_setting },
 	{ "databases", false, load_database },
 	{ "users", false, load_user },
-	{ "peers", false, load_raw },
+	{ "peers", false, load_peer },
 	{ "plugin.", true, load_raw },
 	{ NULL, false, NULL }
 };
@@ -1613,9 +1684,22 @@ static void md_sections(FILE *f)
 	      "    [users]\n"
 	      "    batch = pool_mode=transaction pool_size=5 max_user_connections=10\n\n", f);
 	md_conn_keys(f, user_keys);
-	fputs("## [peers] and [plugin.NAME]\n\n"
-	      "Keys of `[peers]` and of every `[plugin.NAME]` section are kept as written, with "
-	      "their line numbers, and checked by the peer code and by plugin NAME when they start.\n\n", f);
+	fputs("## [peers]\n\n"
+	      "The other lokadb processes of a group that share a port (`so_reuseport`) or a TCP load "
+	      "balancer, as PgBouncer 1.19+: a cancel request that reaches a process which did not hand "
+	      "out its key is forwarded, once, to the peer whose `peer_id` the key encodes. Each line is "
+	      "`PEER_ID = option=value ...`; an entry for the process's own `peer_id` is ignored, so every "
+	      "process of the group can use the same section. Address each peer so that it reaches that "
+	      "one process: its own unix socket directory, or a host and port no other process of the "
+	      "group listens on.\n\n"
+	      "    [peers]\n"
+	      "    1 = host=/var/run/lokadb-1\n"
+	      "    2 = host=/var/run/lokadb-2\n"
+	      "    3 = host=10.0.0.7 port=6432 pool_size=4\n\n", f);
+	md_conn_keys(f, peer_keys);
+	fputs("## [plugin.NAME]\n\n"
+	      "Keys of every `[plugin.NAME]` section are kept as written, with their line numbers, "
+	      "and checked by plugin NAME when it starts.\n\n", f);
 }
 
 static void md_auth_file(FILE *f)

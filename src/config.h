@@ -84,7 +84,18 @@ struct auth_entry {
 	char *secret;		/* plain password, "md5<32 hex>" or "SCRAM-SHA-256$..." */
 };
 
-/* A key of a section the core does not own ([plugin.NAME], [peers]). */
+/* One [peers] entry: another lokadb process cancel requests may be forwarded to. */
+struct peer_conf {
+	char *name;		/* the key as written */
+	int id;			/* 1 .. PEER_ID_MAX */
+	char *host;		/* NULL: unix socket in /tmp; "/dir": unix socket in dir */
+	int port;		/* default 6432 */
+	int pool_size;		/* -1 = default_pool_size: most cancel forwards in flight */
+	int line;
+};
+#define PEER_ID_MAX 16383	/* 14 bits of the cancel key, as PgBouncer */
+
+/* A key of a section the core does not own ([plugin.NAME]). */
 struct cf_raw {
 	char *section;
 	char *key;
@@ -169,6 +180,8 @@ struct lk_config {
 	usec_t autodb_idle_timeout;
 	char *plugins;		/* space/comma list of plugin names */
 	char *plugin_dir;
+	int peer_id;		/* 0 = peering off */
+	char *metrics_listen;	/* "host:port" of the Prometheus endpoint, NULL = off */
 
 	struct db_conf *dbs;
 	int n_dbs;
@@ -176,8 +189,10 @@ struct lk_config {
 	int n_users;
 	struct auth_entry *auth;	/* from auth_file */
 	int n_auth;
-	struct cf_raw *raw;		/* [plugin.*] and [peers] keys, in file order */
+	struct cf_raw *raw;		/* [plugin.*] keys, in file order */
 	int n_raw;
+	struct peer_conf *peers;	/* [peers] */
+	int n_peers;
 };
 
 /* The settings table, terminated by a row with name == NULL. */
@@ -212,6 +227,7 @@ bool config_parse_value(const struct cf_setting *s, const char *value, void *out
 const struct db_conf *config_find_db(const struct lk_config *cf, const char *name);	/* exact name */
 const struct user_conf *config_find_user(const struct lk_config *cf, const char *name);
 const struct auth_entry *config_find_auth(const struct lk_config *cf, const char *user);
+const struct peer_conf *config_find_peer(const struct lk_config *cf, int id);
 
 /* A file setting as a path (relative to the ini file's directory); malloc'ed, NULL on OOM. */
 char *config_file_path(const struct lk_config *cf, const char *file);

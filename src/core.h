@@ -297,6 +297,7 @@ struct listener {
 	char name[128];
 	bool is_unix;
 	char *unix_path;
+	unsigned long long unix_ino;	/* inode of the socket file we bound: only that one is unlinked */
 };
 
 enum shutdown_mode { SHUT_NONE, SHUT_WAIT_CLIENTS, SHUT_WAIT_SERVERS, SHUT_NOW };
@@ -331,6 +332,8 @@ struct lk_runtime {
 	struct lk_plugin **plugins;	/* in `plugins =` order */
 	int n_plugins;
 	struct hook_chain hooks[LK_HOOK_COUNT];
+	struct peer_group *peers;	/* peers.c: the [peers] group (NULL until first used) */
+	struct metrics *metrics;	/* metrics.c: the Prometheus endpoint and what plugins registered */
 	uint8_t rand_pool[256];		/* random_bytes(): unread CSPRNG output */
 	size_t rand_pos;		/* bytes of rand_pool already handed out */
 };
@@ -494,6 +497,21 @@ struct authq_req;
 bool authq_start(struct client *c);
 void authq_cancel(struct client *c);
 void client_authq_done(struct client *c, const char *secret, const char *error);
+
+/* peers.c: cancel requests across a peer group (peer_id, [peers]) */
+struct peer_pool_counts {
+	int peer_id;
+	int cl_active_cancel_req, cl_waiting_cancel_req, sv_active_cancel, sv_login;
+};
+typedef void (*peers_walk_fn)(void *arg, const struct peer_pool_counts *n);
+void peers_new_cancel_key(uint8_t key[8]);
+bool peers_cancel_local(const uint8_t *key, uint8_t *local);	/* false: another peer's key, forwarded or dropped */
+void peers_apply(void);
+void peers_show(struct pktbuf *pb);		/* SHOW PEERS rows */
+void peers_show_pools(struct pktbuf *pb);	/* SHOW PEER_POOLS rows */
+void peers_walk(peers_walk_fn fn, void *arg);
+void peers_counters(uint64_t *forwarded, uint64_t *dropped);
+void peers_free_all(void);
 
 /* tls.c */
 bool tls_client_check(const struct lk_config *cf, void **ctx, char *err, size_t errlen);

@@ -167,6 +167,7 @@ int main(int argc, char **argv)
 	}
 	plugins_apply(false);
 	pool_apply_config(NULL);
+	peers_apply();
 	log_info("lokadb %s started", LOKADB_VERSION);
 	event_base_dispatch(rt->base);
 	runtime_teardown();

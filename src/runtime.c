@@ -10,6 +10,16 @@
  *
  * Listen sockets are opened before daemonizing so that a busy port is
  * reported on the terminal; the event base is created after the fork.
+ *
+ * Several processes on one port (so_reuseport), as PgBouncer: TCP listeners
+ * get SO_REUSEPORT and the kernel spreads new connections over them; a unix
+ * socket cannot be shared that way, so each process needs its own
+ * unix_socket_dir (or none). A process never takes over a unix socket
+ * another live process listens on, and removes only the socket file it
+ * created itself. Shutting down (SIGTERM, SIGINT, SHUTDOWN WAIT_FOR_*)
+ * closes the TCP listeners at once, so the kernel sends new connections to
+ * the other processes on the port while this one finishes its clients (a
+ * rolling restart); the unix socket stays open for the console.
  */
 #include "core.h"
 #include "scram.h"
@@ -73,8 +83,11 @@ static bool listen_tcp(const char *host, int port)
 		if (fd < 0)
 			continue;
 		setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
-		if (rt->cf->so_reuseport)
-			setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &on, sizeof(on));
+		if (rt->cf->so_reuseport && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &on, sizeof(on)) < 0) {
+			log_error("could not set SO_REUSEPORT on %s port %d: %s", host, port, strerror(errno));
+			close(fd);
+			continue;
+		}
 		if (ai->ai_family == AF_INET6)
 			setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &on, sizeof(on));
 		/* as PgBouncer on Linux: accept() only once the startup packet is there */
@@ -94,14 +107,37 @@ static bool listen_tcp(const char *host, int port)
 	return n > 0;
 }
 
+/*
+ * A socket file at `path` that a live process accepts on is in use: taking it
+ * over would leave that process unreachable (and its exit would remove ours).
+ * A file nobody accepts on is stale and may be replaced.
+ */
+static bool unix_socket_in_use(const struct sockaddr_un *un)
+{
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	bool used;
+
+	if (fd < 0)
+		return false;
+	used = connect(fd, (const struct sockaddr *)un, sizeof(*un)) == 0;
+	close(fd);
+	return used;
+}
+
 static bool listen_unix(const char *dir, int port)
 {
 	struct sockaddr_un un;
+	struct stat st;
 	int fd;
 
 	memset(&un, 0, sizeof(un));
 	un.sun_family = AF_UNIX;
 	snprintf(un.sun_path, sizeof(un.sun_path), "%s/.s.PGSQL.%d", dir, port);
+	if (unix_socket_in_use(&un)) {
+		log_error("could not listen on unix socket %s: another process listens on it "
+			  "(with so_reuseport each process needs its own unix_socket_dir, or none)", un.sun_path);
+		return false;
+	}
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return false;
@@ -113,6 +149,8 @@ static bool listen_unix(const char *dir, int port)
 	}
 	chmod(un.sun_path, (mode_t)rt->cf->unix_socket_mode);
 	add_listener(fd, un.sun_path, true, un.sun_path);
+	if (stat(un.sun_path, &st) == 0)
+		rt->listeners[rt->n_listeners - 1].unix_ino = (unsigned long long)st.st_ino;
 	log_info("listening on %s", un.sun_path);
 	return true;
 }
@@ -165,6 +203,15 @@ static bool start_listeners(void)
 	return true;
 }
 
+/* Remove our socket file, unless another process has put its own there since. */
+static void unlink_own_socket(const struct listener *li)
+{
+	struct stat st;
+
+	if (li->unix_path && stat(li->unix_path, &st) == 0 && (unsigned long long)st.st_ino == li->unix_ino)
+		unlink(li->unix_path);
+}
+
 static void close_listeners(void)
 {
 	for (int i = 0; i < rt->n_listeners; i++) {
@@ -173,13 +220,51 @@ static void close_listeners(void)
 			evconnlistener_free(li->l);
 		else if (li->fd >= 0)
 			close(li->fd);
-		if (li->unix_path)
-			unlink(li->unix_path);
+		unlink_own_socket(li);
 		free(li->unix_path);
 	}
 	free(rt->listeners);
 	rt->listeners = NULL;
 	rt->n_listeners = 0;
+}
+
+/*
+ * Accept what already waits in a listener's queue: closing a listen socket
+ * resets the connections the kernel queued on it, and with so_reuseport
+ * those clients were meant for this process. Bounded by the backlog.
+ */
+static void drain_accept_queue(struct listener *li)
+{
+	for (int i = 0; i < rt->cf->listen_backlog; i++) {
+		struct sockaddr_storage ss;
+		socklen_t len = sizeof(ss);
+		int fd = accept4(li->fd, (struct sockaddr *)&ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0)
+			return;
+		client_accept(fd, (struct sockaddr *)&ss, (int)len, false);
+	}
+}
+
+/*
+ * Stop accepting TCP connections (shutdown): with so_reuseport the kernel
+ * gives new ones to the other processes on the port. Called before
+ * rt->shutdown is set, so the drained clients are served like earlier ones.
+ */
+static void close_tcp_listeners(void)
+{
+	for (int i = 0; i < rt->n_listeners; i++) {
+		struct listener *li = &rt->listeners[i];
+		if (li->is_unix || li->fd < 0)
+			continue;
+		drain_accept_queue(li);
+		if (li->l)
+			evconnlistener_free(li->l);
+		else
+			close(li->fd);
+		li->l = NULL;
+		li->fd = -1;
+		log_info("stopped listening on %s", li->name);
+	}
 }
 
 /* ---- reload / shutdown ---- */
@@ -244,6 +329,7 @@ bool lokadb_reload(char *err, size_t errlen)
 	runtime_apply_log_settings();
 	plugins_apply(true);
 	pool_apply_config(old);
+	peers_apply();
 	config_free(old);
 	arm_stats_timer();
 	log_info("configuration reloaded from %s", rt->config_path);
@@ -278,6 +364,7 @@ void lokadb_shutdown(enum shutdown_mode mode)
 		event_base_loopbreak(rt->base);
 		return;
 	}
+	close_tcp_listeners();
 	if (rt->shutdown == SHUT_NONE)
 		rt->shutdown = mode;
 	log_info(mode == SHUT_WAIT_CLIENTS ? "shutting down once every client has disconnected"
@@ -285,12 +372,16 @@ void lokadb_shutdown(enum shutdown_mode mode)
 	lokadb_check_shutdown();
 }
 
+/* Clients that still count for SHUTDOWN WAIT_FOR_CLIENTS: the pools' and those still logging in. */
 static int count_clients(void)
 {
 	struct pool *p;
+	struct client *c;
 	int n = 0;
 	TAILQ_FOREACH(p, &rt->pools, entry)
 		n += p->n_active_cl + p->n_waiting_cl + p->n_login_cl;
+	TAILQ_FOREACH(c, &rt->login_clients, entry)
+		n++;
 	return n;
 }
 
@@ -315,6 +406,11 @@ static void signal_cb(evutil_socket_t sig, short what, void *arg)
 		lokadb_reload(err, sizeof(err));
 		break;
 	case SIGTERM:
+		if (rt->shutdown != SHUT_NONE) {
+			log_info("got SIGTERM while shutting down, exiting now");
+			lokadb_shutdown(SHUT_NOW);
+			break;
+		}
 		log_info("got SIGTERM, waiting for clients to disconnect");
 		lokadb_shutdown(SHUT_WAIT_CLIENTS);
 		break;
@@ -440,6 +536,7 @@ void runtime_teardown(void)
 		client_free_now(TAILQ_FIRST(&rt->closing_clients));
 	justfree_cb(-1, 0, NULL);
 	server_cancel_free_all();
+	peers_free_all();
 	conn_spares_free();
 	close_listeners();
 	plugins_fini();

@@ -15,7 +15,7 @@ import time
 import psycopg
 import pytest
 
-from lokadb_harness import (ADMIN_DB, SLOW, USERS, BgCall, PgError, assert_error,
+from lokadb_harness import (ADMIN_DB, SLOW, USERS, BgCall, PgError, Wire, assert_error,
                             assert_serves, backend_pid, message, parse_error_fields,
                             startup_packet, userlist_text, wait_until)
 
@@ -176,7 +176,11 @@ def test_shutdown_wait_for_clients_serves_connected_clients_and_refuses_new_ones
     time.sleep(0.3)
     assert bouncer.alive(), "SHUTDOWN WAIT_FOR_CLIENTS must wait for the connected client"
     assert a.execute("select 'still served'").fetchone()[0] == "still served"
-    err = bouncer.login_error("p0")
+    with pytest.raises(OSError):    # TCP closed at once, as PgBouncer 1.23+
+        Wire(port=bouncer.port, timeout=2.0).close()
+    w = Wire(unix_path=str(bouncer.dir / f".s.PGSQL.{bouncer.port}"))
+    bouncer.wires.append(w)
+    err = w.login("trustuser", "p0", raise_error=False)
     assert_error(err, "57P01", "shutting down")
     assert bouncer.alive()
     a.close()

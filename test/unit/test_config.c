@@ -16,7 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define SETTINGS_IN_STRUCT 73	/* fields from logfile to plugin_dir */
+#define SETTINGS_IN_STRUCT 75	/* fields from logfile to metrics_listen */
 
 struct fx {
 	bool made;		/* dir exists and must be removed */
@@ -146,7 +146,7 @@ static bool test_table_shape(void)
 	static const char *const restart_only[] = {
 		"listen_addr", "listen_port", "unix_socket_dir", "unix_socket_mode", "listen_backlog",
 		"pkt_buf", "so_reuseport", "pidfile", "plugins", "plugin_dir", "syslog", "syslog_ident",
-		"syslog_facility", "track_extra_parameters", "disable_pqexec", NULL
+		"syslog_facility", "track_extra_parameters", "disable_pqexec", "peer_id", "metrics_listen", NULL
 	};
 	struct lk_config *cf = config_defaults();
 	const struct cf_setting *s, *t;
@@ -499,8 +499,8 @@ static bool test_unsupported(void)
 			 ":2: setting \"auth_hba_file\" is not supported by this version of lokadb"));
 	CHECK(load_fails(&fx, "[pgbouncer]\nmax_prepared_statements = 100\n",
 			 ":2: setting \"max_prepared_statements\" is not supported by this version of lokadb"));
-	CHECK(load_fails(&fx, "[pgbouncer]\npeer_id = 2\n",
-			 ":2: setting \"peer_id\" is not supported by this version of lokadb"));
+	CHECK(load_fails(&fx, "[pgbouncer]\npeer_id = 16384\n",
+			 ":2: value \"16384\" for peer_id is out of range (0 .. 16383)"));
 	cf = fx_load(&fx, "[pgbouncer]\n"
 		     "client_tls_sslmode = disable\nserver_tls_sslmode = prefer\nauth_user =\n"
 		     "auth_hba_file =\nmax_prepared_statements = 200\npeer_id = 0\n"
@@ -696,23 +696,34 @@ static bool test_raw_sections(void)
 	bool ok = true;
 
 	CHECK(fx_init(&fx));
-	cf = fx_load(&fx, "[lokadb]\nplugins = audit\n"
+	cf = fx_load(&fx, "[lokadb]\nplugins = audit\npeer_id = 2\n"
 		     "[plugin.audit]\nTarget = /var/log/audit.log\nlevel = 2\n"
-		     "[peers]\n1 = host=/tmp port=6433\n");
+		     "[peers]\n1 = host=/tmp port=6433\n3 = host=10.0.0.7 pool_size=4\n1 = host=/run/l1\n");
 	if (!cf)
 		fprintf(stderr, "  %s\n", fx.err);
 	CHECK(cf);
-	CHECK(cf->n_raw == 3);
+	CHECK(cf->peer_id == 2);
+	CHECK(cf->n_raw == 2);
 	CHECK_STR(cf->raw[0].section, "plugin.audit");
 	CHECK_STR(cf->raw[0].key, "Target");
 	CHECK_STR(cf->raw[0].value, "/var/log/audit.log");
-	CHECK(cf->raw[0].line == 4);
+	CHECK(cf->raw[0].line == 5);
 	CHECK_STR(cf->raw[1].key, "level");
-	CHECK(cf->raw[1].line == 5);
-	CHECK_STR(cf->raw[2].section, "peers");
-	CHECK_STR(cf->raw[2].key, "1");
-	CHECK_STR(cf->raw[2].value, "host=/tmp port=6433");
-	CHECK(cf->raw[2].line == 7);
+	CHECK(cf->raw[1].line == 6);
+	CHECK(cf->n_peers == 2);
+	CHECK(config_find_peer(cf, 1) && config_find_peer(cf, 1)->line == 10);
+	CHECK_STR(config_find_peer(cf, 1)->host, "/run/l1");
+	CHECK(config_find_peer(cf, 1)->port == 6432 && config_find_peer(cf, 1)->pool_size == -1);
+	CHECK(config_find_peer(cf, 3) && config_find_peer(cf, 3)->port == 6432);
+	CHECK(config_find_peer(cf, 3)->pool_size == 4);
+	CHECK(config_find_peer(cf, 2) == NULL);
+	config_free(cf);
+	cf = NULL;
+	CHECK(load_fails(&fx, "[peers]\n0 = host=/tmp\n", ":2: invalid peer id \"0\": expected 1 .. 16383"));
+	CHECK(load_fails(&fx, "[peers]\nx = host=/tmp\n", ":2: invalid peer id \"x\": expected 1 .. 16383"));
+	CHECK(load_fails(&fx, "[peers]\n16384 = host=/tmp\n", ":2: invalid peer id \"16384\": expected 1 .. 16383"));
+	CHECK(load_fails(&fx, "\n[peers]\n1 = dbname=x\n", ":3: peer 1: unknown option \"dbname\""));
+	CHECK(load_fails(&fx, "[peers]\n1 = port=0\n", ":2: peer 1: invalid port \"0\": expected 1 .. 65535"));
 end:
 	config_free(cf);
 	fx_done(&fx);
