@@ -381,7 +381,7 @@ static uint64_t wavg_get(const struct wavg *w)
 	return w->n ? (uint64_t)(w->plain / w->n) : 0;
 }
 
-static void stats_sum(struct lk_db *db, struct lk_stats *tot, struct lk_stats *avg)
+void admin_stats_sum(struct lk_db *db, struct lk_stats *tot, struct lk_stats *avg)
 {
 	struct wavg wx = { 0 }, wq = { 0 }, ww = { 0 };
 	struct pool *p;
@@ -453,7 +453,7 @@ static void show_stats(struct admin_ctx *a)
 		struct lk_stats t, g;
 		char b[2 * N_STATS_VALUES][24];
 		const char *v[1 + 2 * N_STATS_VALUES];
-		stats_sum(db, &t, &g);
+		admin_stats_sum(db, &t, &g);
 		v[0] = db->name;
 		stats_values(&t, b, v + 1);
 		stats_values(&g, b + N_STATS_VALUES, v + 1 + N_STATS_VALUES);
@@ -483,7 +483,7 @@ static void show_stats_half(struct admin_ctx *a, bool averages)
 		struct lk_stats t, g;
 		char b[N_STATS_VALUES][24];
 		const char *v[1 + N_STATS_VALUES];
-		stats_sum(db, &t, &g);
+		admin_stats_sum(db, &t, &g);
 		v[0] = db->name;
 		stats_values(averages ? &g : &t, b, v + 1);
 		pkt_data_row(a->pb, 1 + N_STATS_VALUES, v);
@@ -515,7 +515,7 @@ static void show_totals(struct admin_ctx *a)
 	char b[2 * N_STATS_VALUES][24];
 	const char *v[2 * N_STATS_VALUES];
 
-	stats_sum(NULL, &t, &g);
+	admin_stats_sum(NULL, &t, &g);
 	stats_values(&t, b, v);
 	stats_values(&g, b + N_STATS_VALUES, v + N_STATS_VALUES);
 	row_header(a, 2, cols);
@@ -601,9 +601,9 @@ static void count_dns_name(void *arg, const char *host, const struct sockaddr *s
 	(*(int *)arg)++;
 }
 
-static void show_lists(struct admin_ctx *a)
+/* The rows of SHOW LISTS, one call of fn per list (also the metrics endpoint's). */
+void admin_lists(admin_list_fn fn, void *arg)
 {
-	static const char *const cols[] = { "list", "items" };
 	int n_db = 0, n_pools = 0, n_users = rt->cf->n_users, cl_used = 0, cl_wait = 0, cl_act = 0, sv_used = 0,
 	    sv_idle = 0, sv_login = 0, cl_login = 0, cl_admin = 0, n_dns = 0;
 	struct lk_db *db;
@@ -632,12 +632,22 @@ static void show_lists(struct admin_ctx *a)
 		{ "used_servers", sv_used + sv_idle + sv_login }, { "dns_names", n_dns }, { "dns_zones", 0 },
 		{ "dns_queries", 0 }, { "dns_pending", 0 },
 	};
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
+		fn(arg, rows[i].name, rows[i].n);
+}
+
+static void list_row(void *arg, const char *name, int n)
+{
+	char b[24];
+	const char *v[2] = { name, fmt_int(b, n) };
+	pkt_data_row(arg, 2, v);
+}
+
+static void show_lists(struct admin_ctx *a)
+{
+	static const char *const cols[] = { "list", "items" };
 	row_header(a, 2, cols);
-	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
-		char b[24];
-		const char *v[2] = { rows[i].name, fmt_int(b, rows[i].n) };
-		pkt_data_row(a->pb, 2, v);
-	}
+	admin_lists(list_row, a->pb);
 	finish(a, "SHOW");
 }
 

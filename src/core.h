@@ -428,6 +428,9 @@ void admin_janitor(void);
 bool admin_is_dbname(const char *name);
 bool admin_is_core_command(const char *name);
 bool admin_db_disabled(const struct lk_db *db);	/* console DISABLE db */
+void admin_stats_sum(struct lk_db *db, struct lk_stats *tot, struct lk_stats *avg);	/* SHOW STATS of db (NULL: all) */
+typedef void (*admin_list_fn)(void *arg, const char *name, int n);
+void admin_lists(admin_list_fn fn, void *arg);	/* SHOW LISTS rows */
 
 /* runtime.c */
 void runtime_init(void);
@@ -512,6 +515,13 @@ void peers_show_pools(struct pktbuf *pb);	/* SHOW PEER_POOLS rows */
 void peers_walk(peers_walk_fn fn, void *arg);
 void peers_counters(uint64_t *forwarded, uint64_t *dropped);
 void peers_free_all(void);
+
+/* metrics.c: the Prometheus endpoint (metrics_listen) and plugins' metrics */
+bool metrics_start(char *err, size_t errlen);	/* at start, after the event base exists */
+void metrics_free_all(void);
+int metrics_plugin_register(struct lk_plugin *pl, const char *name, int type, const char *help, lk_metric_fn fn,
+			    void *arg);
+void metrics_plugin_sample(struct lk_metrics *m, const char *const *labels, double value);
 
 /* tls.c */
 bool tls_client_check(const struct lk_config *cf, void **ctx, char *err, size_t errlen);

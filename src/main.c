@@ -165,6 +165,8 @@ int main(int argc, char **argv)
 		log_fatal("could not set up the event loop");
 		return 1;
 	}
+	if (!metrics_start(err, sizeof(err)))
+		return start_failed(err);
 	plugins_apply(false);
 	pool_apply_config(NULL);
 	peers_apply();

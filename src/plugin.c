@@ -2611,4 +2611,6 @@ static const struct lk_api api_table = {
 	.client_set_affinity = api_client_set_affinity,
 	.startup_parameter = api_startup_parameter,
 	.query_reparse = api_query_reparse,
+	.metric_register = metrics_plugin_register,
+	.metric_sample = metrics_plugin_sample,
 };

@@ -539,6 +539,7 @@ void runtime_teardown(void)
 	peers_free_all();
 	conn_spares_free();
 	close_listeners();
+	metrics_free_all();
 	plugins_fini();
 	tls_free_all();
 	event_free(rt->janitor);

@@ -40,7 +40,7 @@ extern "C" {
 
 #define LK_PLUGIN_MAGIC 0x4c4b504cu	/* "LKPL" */
 #define LK_ABI_MAJOR 1
-#define LK_ABI_MINOR 3
+#define LK_ABI_MINOR 4
 #define LK_PLUGIN_SYMBOL "lokadb_plugin"
 
 /* Opaque handles. */
@@ -54,6 +54,7 @@ typedef struct lk_timer lk_timer;
 typedef struct lk_pg lk_pg;		/* a non-blocking libpq connection on the loop */
 typedef struct lk_connect lk_connect;	/* one connection a transport is asked to open */
 typedef struct lk_api lk_api;
+typedef struct lk_metrics lk_metrics;	/* a /metrics answer being written; valid during the metric's callback */
 
 struct event_base;			/* libevent */
 struct pg_conn;				/* libpq's PGconn */
@@ -101,6 +102,14 @@ typedef void (*lk_pg_state_fn)(lk_plugin *self, lk_pg *pg, int ok, const char *e
 /* One call per query with its last result (NULL when the connection broke); freed after the call. */
 typedef void (*lk_pg_result_fn)(lk_plugin *self, lk_pg *pg, struct pg_result *res, void *arg);
 typedef void (*lk_pg_notify_fn)(lk_plugin *self, lk_pg *pg, const char *channel, const char *payload, void *arg);
+/* Write the samples of one registered metric with api->metric_sample (none is fine). */
+typedef void (*lk_metric_fn)(lk_plugin *self, lk_metrics *m, void *arg);
+
+/* Metric types for api->metric_register (Prometheus text format 0.0.4). */
+enum lk_metric_type {
+	LK_METRIC_COUNTER = 0,	/* only grows (resets when lokadb restarts) */
+	LK_METRIC_GAUGE = 1,	/* goes up and down */
+};
 
 /* The descriptor lokadb_plugin() returns. */
 struct lk_plugin_desc {
@@ -351,6 +360,22 @@ struct lk_api {
 	 * such as addressing a statement to the partition of the organization
 	 * given as $1. 0 or -1. */
 	int (*query_reparse)(lk_event *ev, const char *sql);
+
+	/* ---- ABI 1.4 ---- */
+	/* Add a metric to the Prometheus endpoint (metrics_listen). It appears
+	 * as `lokadb_<plugin name>_<name>` with `help` and `type` (enum
+	 * lk_metric_type); each scrape calls fn, which writes the metric's
+	 * samples with metric_sample(). `name` is letters, digits and `_`,
+	 * not starting with a digit. Any time, also when metrics_listen is
+	 * off (then fn is never called). 0, or -1 (bad name, taken, out of
+	 * memory). */
+	int (*metric_register)(lk_plugin *self, const char *name, int type, const char *help,
+			       lk_metric_fn fn, void *arg);
+	/* One sample of the metric being written: `labels` is NULL or a
+	 * NULL-terminated list of name, value pairs ({"org", "42", NULL});
+	 * the core escapes the values. A sample with an invalid label name
+	 * is left out. Only inside the metric's fn. */
+	void (*metric_sample)(lk_metrics *m, const char *const *labels, double value);
 };
 
 #ifdef __cplusplus
