@@ -209,7 +209,7 @@ const struct cf_setting config_settings[] = {
 		 "TLS to PostgreSQL over TCP, as libpq's sslmode: disable, allow/prefer (TLS when the server offers it), "
 		 "require (no plaintext), verify-ca (and a certificate signed by server_tls_ca_file), verify-full (and the host name)."),
 	BOOL_ROW(so_reuseport, "0", false,
-		 "Set SO_REUSEPORT on listening sockets so several processes can share the port."),
+		 "Set SO_REUSEPORT on TCP listening sockets so several processes share the port; each needs its own unix_socket_dir (or none)."),
 	TIME_ROW(stats_period, "60", true,
 		 "Interval over which statistics are averaged and logged."),
 	STR_ROW(stats_users, NULL, true,

@@ -20,5 +20,5 @@ def test_every_console_show_view_is_in_the_console_reference():
     with open(os.path.join(REPO, "doc", "console.md"), encoding="utf-8") as f:
         text = f.read()
     for view in ("POOLS", "CLIENTS", "SERVERS", "STATS", "DATABASES", "USERS", "CONFIG",
-                 "LISTS", "VERSION", "STATE", "HELP"):
+                 "LISTS", "VERSION", "STATE", "HELP", "PEERS", "PEER_POOLS"):
         assert f"SHOW {view}" in text, f"SHOW {view} missing from doc/console.md"
