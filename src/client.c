@@ -87,10 +87,6 @@ void client_accept(int fd, const struct sockaddr *sa, int salen, bool is_unix)
 		client_close(c, "53300", "no more connections allowed (max_client_conn)");
 		return;
 	}
-	if (rt->shutdown != SHUT_NONE && !is_unix) {
-		client_close(c, "57P01", "pooler is shutting down");
-		return;
-	}
 	conn_want_read(&c->io, true);
 	if (!is_unix)
 		conn_read_now(&c->io);	/* TCP_DEFER_ACCEPT: the startup packet is usually here already */
@@ -483,8 +479,10 @@ static bool read_startup(struct client *c, struct evbuffer *in)
 	if (!parse_startup(c, body, len - 8, code & 0xffff))
 		return false;
 	evbuffer_drain(in, len - 8);
-	if (rt->shutdown != SHUT_NONE && !admin_is_dbname(c->dbname)) {
-		client_close(c, "57P01", "pooler is shutting down");	/* the unix socket stays open for the console */
+	if (rt->shutdown != SHUT_NONE && c->addr.ss_family == AF_UNIX && !admin_is_dbname(c->dbname)) {
+		/* TCP listeners close at shutdown (a client accepted meanwhile is served);
+		 * the unix socket stays open for the console only */
+		client_close(c, "57P01", "pooler is shutting down");
 		return false;
 	}
 	if (hook_on(LK_HOOK_CLIENT_STARTUP)) {

@@ -314,6 +314,8 @@ struct lk_runtime {
 	struct listener *listeners;
 	int n_listeners;
 	struct event *janitor, *stats_timer, *justfree_ev, *flush_ev;
+	struct event *tcp_close_ev;	/* shutdown: closes the TCP listeners after a short grace */
+	bool tcp_closing;		/* ... which is running: do not exit yet */
 	struct conn_io_list flush_list;		/* outputs to write at the end of this loop turn */
 	struct event *sig_hup, *sig_term, *sig_int, *sig_quit, *sig_usr1, *sig_usr2;
 	struct dns_ctx *dns;

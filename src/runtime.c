@@ -17,7 +17,8 @@
  * unix_socket_dir (or none). A process never takes over a unix socket
  * another live process listens on, and removes only the socket file it
  * created itself. Shutting down (SIGTERM, SIGINT, SHUTDOWN WAIT_FOR_*)
- * closes the TCP listeners at once, so the kernel sends new connections to
+ * closes the TCP listeners (after a short grace when waiting for clients,
+ * see begin_close_tcp_listeners()), so the kernel sends new connections to
  * the other processes on the port while this one finishes its clients (a
  * rolling restart); the unix socket stays open for the console.
  */
@@ -39,6 +40,8 @@
 #include <unistd.h>
 
 #include <event2/util.h>
+
+#define TCP_CLOSE_GRACE_USEC 100000	/* shutdown: TCP listeners close this long after the signal */
 
 static struct lk_runtime runtime;
 struct lk_runtime *rt = &runtime;
@@ -245,11 +248,7 @@ static void drain_accept_queue(struct listener *li)
 	}
 }
 
-/*
- * Stop accepting TCP connections (shutdown): with so_reuseport the kernel
- * gives new ones to the other processes on the port. Called before
- * rt->shutdown is set, so the drained clients are served like earlier ones.
- */
+/* Close the TCP listen sockets, taking what already waits in their queues first. */
 static void close_tcp_listeners(void)
 {
 	for (int i = 0; i < rt->n_listeners; i++) {
@@ -265,6 +264,43 @@ static void close_tcp_listeners(void)
 		li->fd = -1;
 		log_info("stopped listening on %s", li->name);
 	}
+}
+
+static void tcp_close_cb(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	(void)arg;
+	rt->tcp_closing = false;
+	close_tcp_listeners();
+	lokadb_check_shutdown();
+}
+
+/*
+ * Stop accepting TCP connections (shutdown), so that with so_reuseport the
+ * kernel gives new ones to the other processes on the port. Waiting for
+ * clients, the sockets stay open for TCP_CLOSE_GRACE_USEC first, without
+ * TCP_DEFER_ACCEPT: a connection the kernel has already put on this socket
+ * but whose client has not sent its first bytes yet is only accepted once
+ * they arrive, and closing the socket before would reset it. Clients
+ * accepted meanwhile are served like earlier ones.
+ */
+static void begin_close_tcp_listeners(enum shutdown_mode mode)
+{
+	struct timeval grace = { 0, TCP_CLOSE_GRACE_USEC };
+	int off = 0;
+
+	if (rt->tcp_closing)
+		return;
+	if (mode != SHUT_WAIT_CLIENTS || !rt->tcp_close_ev) {
+		close_tcp_listeners();
+		return;
+	}
+	for (int i = 0; i < rt->n_listeners; i++)
+		if (!rt->listeners[i].is_unix && rt->listeners[i].fd >= 0)
+			setsockopt(rt->listeners[i].fd, IPPROTO_TCP, TCP_DEFER_ACCEPT, &off, sizeof(off));
+	rt->tcp_closing = true;
+	event_add(rt->tcp_close_ev, &grace);
 }
 
 /* ---- reload / shutdown ---- */
@@ -364,9 +400,9 @@ void lokadb_shutdown(enum shutdown_mode mode)
 		event_base_loopbreak(rt->base);
 		return;
 	}
-	close_tcp_listeners();
 	if (rt->shutdown == SHUT_NONE)
 		rt->shutdown = mode;
+	begin_close_tcp_listeners(rt->shutdown);
 	log_info(mode == SHUT_WAIT_CLIENTS ? "shutting down once every client has disconnected"
 					   : "shutting down once every server connection is released");
 	lokadb_check_shutdown();
@@ -387,6 +423,8 @@ static int count_clients(void)
 
 void lokadb_check_shutdown(void)
 {
+	if (rt->tcp_closing)
+		return;		/* tcp_close_cb() checks again */
 	if (rt->shutdown == SHUT_WAIT_CLIENTS && count_clients() == 0)
 		lokadb_shutdown(SHUT_NOW);
 	else if (rt->shutdown == SHUT_WAIT_SERVERS && pool_active_servers(NULL) == 0)
@@ -503,6 +541,7 @@ bool runtime_setup_events(void)
 	rt->stats_timer = event_new(rt->base, -1, EV_PERSIST, stats_cb, NULL);
 	rt->justfree_ev = event_new(rt->base, -1, 0, justfree_cb, NULL);
 	rt->flush_ev = event_new(rt->base, -1, 0, flush_cb, NULL);
+	rt->tcp_close_ev = event_new(rt->base, -1, 0, tcp_close_cb, NULL);
 	event_add(rt->janitor, &jt);
 	arm_stats_timer();
 	rt->sig_hup = add_signal(SIGHUP);
@@ -546,6 +585,7 @@ void runtime_teardown(void)
 	event_free(rt->stats_timer);
 	event_free(rt->justfree_ev);
 	event_free(rt->flush_ev);
+	event_free(rt->tcp_close_ev);
 	event_free(rt->sig_hup);
 	event_free(rt->sig_term);
 	event_free(rt->sig_int);
