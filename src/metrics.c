@@ -31,6 +31,7 @@
 
 #include <ctype.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +45,7 @@
 #define METRICS_MAX_HEADERS 8192
 #define METRICS_MAX_BODY 1024
 #define METRIC_NAME_MAX 200
+#define EXACT_INT_MAX 9007199254740992.0	/* 2^53: doubles below are exact integers */
 
 struct metric_reg {
 	struct lk_plugin *pl;
@@ -121,10 +123,14 @@ static bool sample(struct evbuffer *out, const char *name, const char *const *la
 	}
 	if (labels && labels[0])
 		evbuffer_add(out, "}", 1);
-	if (value == (double)(int64_t)value && value < 9e15 && value > -9e15)
+	if (isnan(value))
+		evbuffer_add_printf(out, " NaN\n");
+	else if (isinf(value))
+		evbuffer_add_printf(out, " %sInf\n", value > 0 ? "+" : "-");
+	else if (fabs(value) < EXACT_INT_MAX && value == floor(value))
 		evbuffer_add_printf(out, " %" PRId64 "\n", (int64_t)value);
 	else
-		evbuffer_add_printf(out, " %.9g\n", value);
+		evbuffer_add_printf(out, " %.12g\n", value);
 	return true;
 }
 

@@ -179,6 +179,8 @@ def test_a_plugin_registers_metrics(bouncer_factory):
     assert value(samples, "lokadb_t_metrics_logins", user="pooluser1") == 1
     assert value(samples, "lokadb_t_metrics_odd_labels", v='a"b\\c\nd', k2="plain") == 1.5
     assert value(samples, "lokadb_t_metrics_odd_labels") == -3
+    nan = value(samples, "lokadb_t_metrics_odd_labels", v="nan")
+    assert nan is not None and nan != nan
     assert not any(name == "lokadb_t_metrics_odd_labels" and v == 2 for (name, _), v in samples.items())
     assert helps["lokadb_t_metrics_odd_labels"] == 'Label values that need escaping:\\n\\\\ and ".'
     assert types["lokadb_t_metrics_empty"] == "gauge"

@@ -14,6 +14,7 @@
  */
 #include <lokadb/plugin.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -73,6 +74,10 @@ static void t_odd(lk_plugin *self, lk_metrics *m, void *arg)
 	s->api->metric_sample(m, escaped, 1.5);
 	s->api->metric_sample(m, bad, 2);
 	s->api->metric_sample(m, NULL, -3);
+	{
+		const char *nan_label[] = { "v", "nan", NULL };
+		s->api->metric_sample(m, nan_label, NAN);
+	}
 }
 
 static void t_empty(lk_plugin *self, lk_metrics *m, void *arg)
