@@ -3,10 +3,12 @@
 cancel requests forwarded between them (peer_id, [peers], SHOW PEERS /
 PEER_POOLS), and a rolling restart with no failed client."""
 
+import re
 import signal
 import struct
 import threading
 import time
+import urllib.request
 
 import psycopg
 import pytest
@@ -171,9 +173,19 @@ def test_a_cancel_works_whichever_process_receives_it(bouncer_factory):
         assert m.alive()
 
 
+def cancel_counters(metrics_port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5 * SLOW) as r:
+        text = r.read().decode()
+    return {name: int(v) for name, v in re.findall(r"^lokadb_peers_cancel_(forwarded|dropped) (\d+)$", text, re.M)}
+
+
 def test_many_psycopg_cancels_over_the_shared_port_all_work(bouncer_factory):
-    members = make_group(bouncer_factory, 3)
-    port = members[0].port
+    metrics_ports = [free_port() for _ in range(3)]
+    port = free_port()
+    members = [bouncer_factory(start=False) for _ in range(3)]
+    text = "[peers]\n" + "\n".join(f"{i + 1} = host={m.dir} port={port}" for i, m in enumerate(members))
+    for i, m in enumerate(members):
+        start_member(m, port, i + 1, text, metrics_listen=f"127.0.0.1:{metrics_ports[i]}")
     conns = [psycopg.connect(host="127.0.0.1", port=port, dbname="p0", user="trustuser",
                              connect_timeout=10, autocommit=True, sslmode="disable")
              for _ in range(12)]
@@ -191,6 +203,10 @@ def test_many_psycopg_cancels_over_the_shared_port_all_work(bouncer_factory):
     finally:
         for c in conns:
             c.close()
+    counts = [cancel_counters(p) for p in metrics_ports]
+    # 24 cancels, each landing on one of 3 processes: some took the cross-process path
+    assert sum(c["forwarded"] for c in counts) >= 1, counts
+    assert sum(c["dropped"] for c in counts) == 0, counts
 
 
 def test_a_cancel_is_forwarded_to_a_peer_over_tcp(bouncer_factory):
