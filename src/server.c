@@ -774,7 +774,7 @@ static void cancel_write_cb(struct bufferevent *bev, void *arg)
 	(void)arg;	/* sent; PostgreSQL closes the connection, seen in cancel_event_cb */
 }
 
-static struct cancel_req *cancel_new(int fd, const uint8_t *pkt)
+static struct cancel_req *cancel_new(int fd)
 {
 	struct cancel_req *cr = xcalloc(1, sizeof(*cr));
 	cr->bev = bufferevent_socket_new(rt->base, fd, BEV_OPT_CLOSE_ON_FREE);
@@ -785,18 +785,30 @@ static struct cancel_req *cancel_new(int fd, const uint8_t *pkt)
 		return NULL;
 	}
 	LIST_INSERT_HEAD(&rt->cancel_reqs, cr, entry);
+	return cr;
+}
+
+/*
+ * Callbacks only once the connection is under way: a connect that fails at
+ * once runs the event callback inside bufferevent_socket_connect(), which
+ * would free the request before the caller does.
+ */
+static void cancel_start(struct cancel_req *cr, const uint8_t *pkt)
+{
 	bufferevent_setcb(cr->bev, NULL, cancel_write_cb, cancel_event_cb, cr);
 	bufferevent_write(cr->bev, pkt, 16);
 	bufferevent_enable(cr->bev, EV_READ);
-	return cr;
 }
 
 /* A plugin transport opened a connection for a CancelRequest. */
 void server_cancel_fd(const uint8_t *pkt16, int fd)
 {
+	struct cancel_req *cr;
+
 	evutil_make_socket_nonblocking(fd);
 	evutil_make_socket_closeonexec(fd);
-	cancel_new(fd, pkt16);
+	if ((cr = cancel_new(fd)))
+		cancel_start(cr, pkt16);
 }
 
 void server_cancel(struct server *s)
@@ -816,9 +828,11 @@ void server_cancel(struct server *s)
 		plugin_transport_cancel(s, pkt);
 		return;
 	}
-	cr = cancel_new(-1, pkt);
+	cr = cancel_new(-1);
 	if (!cr)
 		return;
 	if (bufferevent_socket_connect(cr->bev, (struct sockaddr *)&s->addr, (int)s->addrlen) < 0)
 		cancel_free(cr);
+	else
+		cancel_start(cr, pkt);
 }
