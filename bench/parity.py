@@ -442,7 +442,8 @@ class ParityBench:
     def record_error(self, kind, row, msg, res, target=None):
         err = {"target": target or kind, "row": row, "message": msg}
         if res is not None:
-            err["cmd"] = bl.shown_path(" ".join(shlex.quote(a) for a in res.cmd))
+            env = "PGSSLMODE=require " if target in TARGETS and TARGETS[target].tls else ""
+            err["cmd"] = env + bl.shown_path(" ".join(shlex.quote(a) for a in res.cmd))
             err["output"] = bl.shown_path("\n".join(res.output.strip().splitlines()[-25:]))
         if kind in self.poolers:
             p = self.poolers[kind]
