@@ -163,12 +163,14 @@ def chown_pg(path):
         os.chown(path, *pg_ids())
 
 
-def client_env():
-    """Environment for libpq clients: no inherited PG* variables."""
+def client_env(extra=None):
+    """Environment for libpq clients: no inherited PG* variables, no TLS
+    unless extra (variables added last, e.g. {"PGSSLMODE": "require"}) says so."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
     env["PGCONNECT_TIMEOUT"] = "10"
     env["PGSSLMODE"] = "disable"
     env["PGGSSENCMODE"] = "disable"
+    env.update(extra or {})
     return env
 
 
@@ -267,25 +269,27 @@ class Postgres:
     def alive(self):
         return self.pid is not None and pid_alive(self.pid)
 
-    def psql(self, sql, dbname="postgres", port=None, timeout=300):
-        """Run SQL with psql as postgres over TCP; returns stdout (raises on error)."""
+    def psql(self, sql, dbname="postgres", port=None, timeout=300, host=None, env=None):
+        """Run SQL with psql as postgres over TCP (or the unix socket directory
+        host); returns stdout (raises on error). env: client_env's extra variables."""
         r = subprocess.run([str(PG_BIN / "psql"), "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1",
-                            "-h", self.host, "-p", str(port or self.port), "-U", "postgres",
+                            "-h", host or self.host, "-p", str(port or self.port), "-U", "postgres",
                             "-d", dbname, "-c", sql],
-                           capture_output=True, text=True, timeout=timeout, env=client_env())
+                           capture_output=True, text=True, timeout=timeout, env=client_env(env))
         if r.returncode != 0:
             raise RuntimeError(f"psql -c {sql!r} failed: {r.stderr.strip()}")
         return r.stdout.strip()
 
 
-def psql_dicts(pg, sql, dbname="postgres", port=None, timeout=60):
+def psql_dicts(pg, sql, dbname="postgres", port=None, timeout=60, host=None, env=None):
     """Rows of one statement as dicts by column name (text values, NULL as None),
-    run with psql as postgres over TCP (raises on error)."""
+    run with psql as postgres over TCP or the unix socket directory host
+    (raises on error). env: client_env's extra variables."""
     r = subprocess.run([str(PG_BIN / "psql"), "-X", "-q", "-A", "-F", "\x1f", "-R", "\x1e",
                         "-P", "null=\x1d", "-P", "footer=off", "-v", "ON_ERROR_STOP=1",
-                        "-h", pg.host, "-p", str(port or pg.port), "-U", "postgres",
+                        "-h", host or pg.host, "-p", str(port or pg.port), "-U", "postgres",
                         "-d", dbname, "-c", sql],
-                       capture_output=True, text=True, timeout=timeout, env=client_env())
+                       capture_output=True, text=True, timeout=timeout, env=client_env(env))
     if r.returncode != 0:
         raise RuntimeError(f"psql -c {sql!r} failed: {r.stderr.strip()}")
     recs = [x for x in r.stdout.rstrip("\n").split("\x1e") if x.strip("\n")]
@@ -306,21 +310,32 @@ def psql_dicts(pg, sql, dbname="postgres", port=None, timeout=60):
 class Pooler:
     """One pooler process (PgBouncer or lokadb) with its own ini, log and pidfile.
 
-    kind: "pgbouncer" (run as user postgres when root: PgBouncer refuses root),
-    or any other name for a lokadb process ("lokadb", "lokadb_noop",
-    "lokadb_control"); it names the process's directory under base and its
-    files.  settings go into the [lokadb] / [pgbouncer] section (e.g. plugins
-    and plugin_dir)."""
+    kind: "pgbouncer" or a name starting with it ("pgbouncer_tls"): a PgBouncer
+    process (run as user postgres when root: PgBouncer refuses root); any other
+    name is a lokadb process ("lokadb", "lokadb_noop", "lokadb_control"). It
+    names the process's directory under base and its files.  settings go into
+    the [lokadb] / [pgbouncer] section (e.g. plugins and plugin_dir).
 
-    def __init__(self, kind, binary, base, pg, dbname, settings, sections=None):
+    port: the TCP port (default a free one; several so_reuseport processes
+    share one).  own_socket: the process also listens on a unix socket in its
+    own directory, and the start check and the console use that socket, so
+    they reach this very process even when others share its TCP port.
+    client_env: extra libpq variables for the start check and the console
+    over TCP (e.g. {"PGSSLMODE": "require"} when the pooler requires TLS)."""
+
+    def __init__(self, kind, binary, base, pg, dbname, settings, sections=None, port=None,
+                 own_socket=False, client_env=None):
         self.kind = kind
+        self.is_pgbouncer = kind.startswith("pgbouncer")
         self.sections = sections or {}   # extra ini sections: {"plugin.x": {key: value}}
         self.binary = binary
         self.dir = Path(base) / kind
         self.pg = pg
         self.dbname = dbname
-        self.port = free_port()
+        self.port = port or free_port()
         self.host = "127.0.0.1"
+        self.own_socket = own_socket
+        self.client_env = client_env
         self.settings = settings
         self.ini = self.dir / f"{kind}.ini"
         self.logfile = self.dir / f"{kind}.log"
@@ -328,11 +343,21 @@ class Pooler:
         self.pidfile = self.dir / f"{kind}.pid"
         self.popen = None
         self.pid = None
-        self.as_postgres = kind == "pgbouncer" and IS_ROOT
+        self.as_postgres = self.is_pgbouncer and IS_ROOT
 
     @property
     def section(self):
-        return "pgbouncer" if self.kind == "pgbouncer" else "lokadb"
+        return "pgbouncer" if self.is_pgbouncer else "lokadb"
+
+    @property
+    def console_db(self):
+        return "pgbouncer" if self.is_pgbouncer else "lokadb"
+
+    def _via(self):
+        """(host, env) that reach this process: its unix socket directory, or TCP."""
+        if self.own_socket:
+            return str(self.dir), None
+        return self.host, self.client_env
 
     def write_files(self):
         self.dir.mkdir(mode=0o755)
@@ -340,7 +365,7 @@ class Pooler:
         s = {
             "listen_addr": self.host,
             "listen_port": self.port,
-            "unix_socket_dir": "",
+            "unix_socket_dir": str(self.dir) if self.own_socket else "",
             "auth_type": "trust",
             "auth_file": str(self.dir / "userlist.txt"),
             "admin_users": "postgres",
@@ -380,8 +405,10 @@ class Pooler:
                                    f"{tail(self.stderr_path)}\n{tail(self.logfile)}")
             if self.pid is None:
                 self._read_pid()
+            host, env = self._via()
             try:
-                self.pg.psql("select 1", dbname=self.dbname, port=self.port, timeout=15)
+                self.pg.psql("select 1", dbname=self.dbname, port=self.port, timeout=15,
+                             host=host, env=env)
                 if self.pid is None:
                     self._read_pid()
                 return
@@ -393,14 +420,15 @@ class Pooler:
 
     def console_dicts(self, sql):
         """A console command's rows as dicts by column name (values as text, NULL as None)."""
-        return psql_dicts(self.pg, sql, "lokadb" if self.kind != "pgbouncer" else "pgbouncer",
-                          self.port)
+        host, env = self._via()
+        return psql_dicts(self.pg, sql, self.console_db, self.port, host=host, env=env)
 
     def console(self, sql):
-        """Run a console command (database lokadb, as the admin user postgres);
-        returns psql's unaligned output, columns separated by |."""
-        return self.pg.psql(sql, dbname="lokadb" if self.kind != "pgbouncer" else "pgbouncer",
-                            port=self.port, timeout=30)
+        """Run a console command (database lokadb / pgbouncer, as the admin user
+        postgres); returns psql's unaligned output, columns separated by |."""
+        host, env = self._via()
+        return self.pg.psql(sql, dbname=self.console_db, port=self.port, timeout=30,
+                            host=host, env=env)
 
     def _read_pid(self):
         try:
@@ -510,8 +538,9 @@ def proc_cpu_seconds(pid):
 
 
 def run_pgbench(args, host, port, dbname, seconds, logprefix=None, cwd=None, timeout_extra=60,
-                cycle=False):
-    """Run pgbench for `seconds`; returns a PgbenchResult (never raises on pgbench errors)."""
+                cycle=False, env=None):
+    """Run pgbench for `seconds`; returns a PgbenchResult (never raises on pgbench errors).
+    env: extra libpq variables (see client_env), e.g. {"PGSSLMODE": "require"}."""
     res = PgbenchResult()
     cmd = [str(PG_BIN / "pgbench"), "-h", host, "-p", str(port), "-U", "postgres", "-n",
            "-T", str(seconds)] + list(args)
@@ -520,7 +549,7 @@ def run_pgbench(args, host, port, dbname, seconds, logprefix=None, cwd=None, tim
     cmd.append(dbname)
     res.cmd = cmd
     p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, cwd=cwd, env=client_env())
+                         stderr=subprocess.STDOUT, text=True, cwd=cwd, env=client_env(env))
     try:
         out, _ = p.communicate(timeout=seconds + timeout_extra)
     except subprocess.TimeoutExpired:

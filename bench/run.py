@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""LokaDB benchmarks (`make bench`): "cloud overhead", "plugin overhead" and
-"routing cost".
+"""LokaDB benchmarks (`make bench`): "cloud overhead", "plugin overhead",
+"parity" and "routing cost".
 
 cloud overhead: what a pooler adds on top of PostgreSQL: pgbench against the
 same throw-away PostgreSQL 15 cluster directly, through Debian's PgBouncer 1.18
@@ -13,6 +13,12 @@ against lokadb with `plugins =` empty and against lokadb with the test plugin
 t_noop loaded (only CLIENT_STARTUP and CLIENT_CLOSE hooks), interleaved alike
 with an A/A control: a third lokadb process with the same ini as the first (no
 plugins), whose ratio to it is the noise that t_noop's ratio is judged against.
+
+parity (bench/parity.py): PgBouncer vs lokadb side by side with TLS (client
+side, and both sides), prepared statements in transaction pooling (lokadb
+`-M prepared` with max_prepared_statements = 200 against PgBouncer 1.18's
+`-M extended`), and two processes of each pooler on one port with
+so_reuseport, in a cluster of its own.
 
 routing cost (bench/routing_cost.py): lokadb without plugins vs lokadb with
 meta_cache + org_routing (and org_affinity on, when org_routing has it) on
@@ -31,7 +37,9 @@ Environment:
     BENCH_SCENARIOS  comma list of scenarios (select, update, connect) or rows
                      (select:32); default all
     BENCH_SUITES     comma list of the benchmarks to run: cloud, plugin,
-                     routing (default all three)
+                     parity, routing (default all four)
+    BENCH_PARITY_*   the parity suite's own settings: see bench/parity.py and
+                     doc/benchmarks.md
     BENCH_ROUTING_*  the routing cost suite's own settings: see
                      bench/routing_cost.py and doc/benchmarks.md
     LOKADB_TEST_PLUGIN_DIR  directory holding t_noop.so (`make bench` sets it;
@@ -40,7 +48,7 @@ Environment:
     BENCH_LOKADB     lokadb binary (default ./lokadb of this repository)
     BENCH_KEEP_TMP   non-empty: keep the temp dir (cluster, inis, pooler logs)
 
-Results: bench/results/cloud-overhead.md, plugin-overhead.md and
+Results: bench/results/cloud-overhead.md, plugin-overhead.md, parity.md and
 routing-cost.md (+ routing-cost.png), each with a dated copy NAME-YYYYMMDD.md
 (--quick writes NAME-quick.md only).
 See doc/benchmarks.md. Python standard library only.
@@ -60,6 +68,7 @@ from pathlib import Path
 sys.dont_write_bytecode = True   # keep bench/ free of __pycache__
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib as bl  # noqa: E402
+import parity  # noqa: E402
 import routing_cost  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -89,7 +98,7 @@ TARGETS = ["direct", "pgbouncer", "lokadb"]               # cloud overhead
 PLUGIN_TARGETS = ["lokadb", "lokadb_noop", "lokadb_control"]
 TARGET_LABEL = {"direct": "direct", "pgbouncer": "PgBouncer", "lokadb": "lokadb",
                 "lokadb_noop": "lokadb + t_noop", "lokadb_control": "lokadb control"}
-SUITES = ["cloud", "plugin", "routing"]
+SUITES = ["cloud", "plugin", "parity", "routing"]
 NOOP_PLUGIN = "t_noop"
 # The plugin overhead rows: the per-statement scenarios (not -C).
 PLUGIN_SCENARIOS = ("select", "update")
@@ -821,16 +830,20 @@ def parse_args():
     ap = argparse.ArgumentParser(description="LokaDB benchmarks: cloud overhead "
                                  "(direct vs PgBouncer vs lokadb), plugin overhead "
                                  "(lokadb without plugins vs lokadb with t_noop vs an identical "
-                                 "lokadb control) and routing cost (lokadb without plugins vs "
-                                 "with meta_cache + org_routing, by number of organizations)")
+                                 "lokadb control), parity (PgBouncer vs lokadb with TLS, "
+                                 "prepared statements and so_reuseport) and routing cost "
+                                 "(lokadb without plugins vs with meta_cache + org_routing, by "
+                                 "number of organizations)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke test: 3 s runs, 1 round, 1 s warm-up (routing cost: 1 and 100 "
                          "organizations); writes bench/results/cloud-overhead-quick.md, "
-                         "plugin-overhead-quick.md and routing-cost-quick.md (+ .png)")
+                         "plugin-overhead-quick.md, parity-quick.md and routing-cost-quick.md "
+                         "(+ .png)")
     ap.add_argument("--output", help="write the cloud overhead table here instead of "
                     "bench/results/ (the plugin overhead table goes next to it, as "
-                    "NAME-plugin-overhead.md, and the routing cost table as "
-                    "NAME-routing-cost.md; when only one benchmark runs, to FILE)")
+                    "NAME-plugin-overhead.md, the parity table as NAME-parity.md and the "
+                    "routing cost table as NAME-routing-cost.md; when only one benchmark "
+                    "runs, to FILE)")
     ap.add_argument("--strict", action="store_true",
                     help="exit with status 3 when a target fails")
     o = ap.parse_args()
@@ -869,6 +882,13 @@ def parse_args():
             o.suites.remove("plugin")
     if "plugin" not in o.suites:
         o.plugin_rows = []
+    if "parity" in o.suites:
+        why = parity.setup_options(o)
+        if why:
+            if suites_env:
+                sys.exit(f"parity: {why}")
+            bl.log(f"parity skipped: {why}")
+            o.suites.remove("parity")
     if "routing" in o.suites:
         why = routing_cost.setup_options(o)
         if why:
@@ -911,10 +931,20 @@ def main():
         if rc == 130:
             return rc
         status.append(rc)
+    if "parity" in o.suites:
+        # A cluster of its own (ssl = on), after cloud and plugin have
+        # stopped theirs.
+        only_one = not (o.rows or o.plugin_rows) and "routing" not in o.suites
+        rc, lines = parity.run_suite(o, sys.modules[__name__], now, only_one)
+        if rc == 130:
+            return rc
+        if rc == 0 and o.strict and any(x.startswith("**FAIL") for x in lines):
+            rc = 3
+        status.append(rc)
     if "routing" in o.suites:
         # A cluster of its own (settings for thousands of partitions), after
         # the other suites have stopped theirs.
-        only_one = not (o.rows or o.plugin_rows)
+        only_one = not (o.rows or o.plugin_rows or "parity" in o.suites)
         rc, lines = routing_cost.run_suite(o, sys.modules[__name__], now, only_one)
         if rc == 130:
             return rc
