@@ -41,8 +41,10 @@
  *   RST, WINDOW_UPDATE) never wait behind more than that.
  * - Callbacks run inside mux_feed(), mux_pending(), mux_tick() and the stream
  *   calls. They may call any mux_* function on the same session except
- *   mux_session_free(); a stream closed from inside a callback is freed (and
- *   its on_stream_close() reported) when the outermost mux call returns.
+ *   mux_session_free(), mux_feed(), mux_pending() and mux_consumed() (those
+ *   three do nothing there: feed returns false, pending returns 0); a stream
+ *   closed from inside a callback is freed (and its on_stream_close()
+ *   reported) when the outermost mux call returns.
  * - on_stream_close() is reported exactly once for every stream the owner was
  *   told about (mux_open() returned its id, or on_open() accepted it). After
  *   it, the stream id is unknown to every call.

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: ISC */
 /*
  * fuzz_mux.c -- libFuzzer target for the tunnel multiplexer
- * (plugins/tunnel/mux.c): arbitrary bytes from the peer, fed to one session
+ * (plugins/tunnel/): arbitrary bytes from the peer, fed to one session
  * in chunks, while the owner opens, acknowledges, sends, consumes and resets
  * streams as the relay and agent plugins will.
  *

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: ISC */
 /*
- * test_mux.c -- unit tests of the tunnel multiplexer (plugins/tunnel/mux.c):
+ * test_mux.c -- unit tests of the tunnel multiplexer (plugins/tunnel/):
  * the frame codec, the handshake, streams, flow control, GOAWAY, RST races,
  * the heartbeat and the scheduler.
  *
