@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SLOTS 512			/* stream ids 1..1023 */
+#define SLOTS 8192			/* stream ids 1..16383 */
 #define PUMP_ROUNDS 100000
 #define SMALL_WINDOW (64 * 1024)
 
@@ -438,14 +438,11 @@ end:
 	return ok;
 }
 
-/* Every malformed header is refused before its payload; the valid edges pass. */
-static bool test_header_checks(void)
-{
-	bool ok = true;
-	static const struct {
-		struct mux_header h;
-		bool valid;
-	} cases[] = {
+/* Headers at the edges of validity (max_frame = MUX_FRAME_DEFAULT). */
+static const struct {
+	struct mux_header h;
+	bool valid;
+} header_cases[] = {
 		{ { MUX_DATA, 0, 0, 1, MUX_FRAME_DEFAULT }, true },
 		{ { MUX_DATA, 0, 0, 1, MUX_FRAME_DEFAULT + 1 }, false },
 		{ { MUX_DATA, 0, 0, 0, 1 }, false },
@@ -482,18 +479,50 @@ static bool test_header_checks(void)
 		{ { 0x42, 0xff, 0, 9, MUX_CONTROL_MAX }, true },	/* unknown: skipped */
 		{ { 0x42, 0, 0, 9, MUX_CONTROL_MAX + 1 }, false },
 		{ { 0x42, 0, 4, 0, 0 }, false },
-	};
+};
+
+/* Every malformed header is refused; the valid edges pass. */
+static bool test_header_checks(void)
+{
+	bool ok = true;
 	const char *why;
 
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		uint32_t rc = mux_header_check(&cases[i].h, MUX_FRAME_DEFAULT, &why);
-		if ((rc == MUX_NO_ERROR) != cases[i].valid) {
+	for (size_t i = 0; i < sizeof(header_cases) / sizeof(header_cases[0]); i++) {
+		uint32_t rc = mux_header_check(&header_cases[i].h, MUX_FRAME_DEFAULT, &why);
+		if ((rc == MUX_NO_ERROR) != header_cases[i].valid) {
 			fprintf(stderr, "  header case %zu: got %s (%s)\n", i, mux_error_name(rc), why ? why : "");
 			ok = false;
 		}
 		if (rc != MUX_NO_ERROR && (!why || rc != MUX_E_PROTOCOL))
 			ok = false;
 	}
+	return ok;
+}
+
+/* An established session given each malformed header alone fails at once:
+ * the checks run before any payload byte is awaited. */
+static bool test_bad_headers_fail_sessions(void)
+{
+	bool ok = true;
+	struct side *relay = NULL, *agent = NULL;
+	uint8_t b[MUX_HEADER_LEN];
+
+	for (size_t i = 0; i < sizeof(header_cases) / sizeof(header_cases[0]); i++) {
+		if (header_cases[i].valid)
+			continue;
+		CHECK(pair_up(&relay, &agent, NULL, NULL, 0));
+		mux_header_encode(b, &header_cases[i].h);
+		if (mux_feed(agent->s, b, sizeof(b), now) || agent->error_code != MUX_E_PROTOCOL) {
+			fprintf(stderr, "  header case %zu did not fail the session\n", i);
+			ok = false;
+		}
+		side_free(relay);
+		side_free(agent);
+		relay = agent = NULL;
+	}
+end:
+	side_free(relay);
+	side_free(agent);
 	return ok;
 }
 
@@ -1397,6 +1426,55 @@ end:
 	return ok;
 }
 
+/* Rounds of 2048 streams (the default max_streams) opened, used, half-closed
+ * or reset in a mixed order, then all gone on both sides. */
+static bool test_stream_churn(void)
+{
+	bool ok = true;
+	struct side *relay = NULL, *agent = NULL;
+	uint32_t first = 0, id = 0, err;
+	unsigned seed = 12345;
+
+	CHECK(pair_up(&relay, &agent, NULL, NULL, 0));
+	for (int round = 0; round < 3; round++) {
+		for (int i = 0; i < MUX_MAX_STREAMS_DEFAULT; i++) {
+			CHECK((id = relay_open(relay, "app", 0, &err)));
+			if (i == 0)
+				first = id;
+			ts(relay, id)->to_send = 100 + (size_t)(i % 7) * 700;
+			ts(relay, id)->send_fin = true;
+			mux_resume(relay->s, id);
+		}
+		CHECK(relay_open(relay, "app", 0, &err) == 0 && err == MUX_E_STREAM_LIMIT);
+		pump(relay, agent, 0);
+		for (uint32_t sid = first; sid <= id; sid += 2) {
+			seed = seed * 1103515245u + 12345u;
+			if ((seed >> 16) % 5 == 0) {
+				CHECK(mux_reset(agent->s, sid, MUX_E_CANCEL));
+				continue;
+			}
+			CHECK(mux_open_ack(agent->s, sid, 0));
+			ts(agent, sid)->to_send = (seed >> 8) % 3000;
+			ts(agent, sid)->send_fin = true;
+			CHECK(mux_resume(agent->s, sid));
+		}
+		pump(relay, agent, 0);
+		CHECK(mux_stream_count(relay->s) == 0 && mux_stream_count(agent->s) == 0);
+		for (uint32_t sid = first; sid <= id; sid += 2) {
+			struct tstream *r = ts(relay, sid), *a = ts(agent, sid);
+			CHECK(r->closes == 1 && a->closes == 1 && !r->bad_byte && !a->bad_byte);
+			CHECK(r->close_code == MUX_NO_ERROR ? (r->recv == a->to_send && a->recv == r->to_send)
+							    : (r->close_code == MUX_E_CANCEL && r->close_by_peer));
+		}
+	}
+	CHECK(relay->errors == 0 && agent->errors == 0);
+	CHECK(relay->total_closes == 3 * MUX_MAX_STREAMS_DEFAULT && agent->total_closes == relay->total_closes);
+end:
+	side_free(relay);
+	side_free(agent);
+	return ok;
+}
+
 /* The OPEN and OPEN_ACK windows move the per-stream credit. */
 static bool test_per_stream_windows(void)
 {
@@ -1482,6 +1560,7 @@ static const struct unit_case cases[] = {
 	{ "frame builders and parsers round trip", test_frames_round_trip },
 	{ "malformed headers are refused", test_header_checks },
 	{ "a bad header fails the session before its payload", test_bad_header_fails_session },
+	{ "every malformed header fails a session", test_bad_headers_fail_sessions },
 	{ "malformed TLV payloads are refused", test_tlv_checks },
 	{ "settings ranges", test_settings_checks },
 	{ "handshake exchanges settings", test_handshake },
@@ -1505,6 +1584,7 @@ static const struct unit_case cases[] = {
 	{ "round-robin scheduling", test_round_robin },
 	{ "a stalled stream does not block another", test_stalled_stream_does_not_block },
 	{ "max_streams", test_max_streams },
+	{ "2048 streams of churn, three rounds", test_stream_churn },
 	{ "per-stream windows in OPEN and OPEN_ACK", test_per_stream_windows },
 	{ "unknown frame types are skipped", test_unknown_frame_skipped },
 	{ NULL, NULL }
