@@ -125,6 +125,21 @@ def test_a_client_eof_reaches_the_server(pg, relay_factory):
     wait_until(lambda: not pg.backend_alive(pid), 10 * SLOW, what="the backend to exit")
 
 
+def test_a_client_that_leaves_at_once_is_passed_on_as_eof(relay_factory):
+    """The client closes before the relay's own connection is up: the
+    target still gets its EOF once that connection is established."""
+    with socket.socket() as target:
+        target.bind(("127.0.0.1", 0))
+        target.listen(1)
+        target.settimeout(10 * SLOW)
+        r = relay_factory(target.getsockname()[1], 20)
+        socket.create_connection(("127.0.0.1", r.port), timeout=5).close()
+        conn, _ = target.accept()
+        with conn:
+            conn.settimeout(10 * SLOW)
+            assert conn.recv(100) == b""
+
+
 def test_a_refused_target_closes_the_client(relay_factory):
     with socket.socket() as s:          # a port nobody listens on
         s.bind(("127.0.0.1", 0))

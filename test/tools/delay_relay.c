@@ -71,6 +71,7 @@ struct conn {
 	struct relay *r;
 	struct bufferevent *client, *target;
 	struct dir up, down;		/* client -> target, target -> client */
+	bool connected;			/* the connection to the target is up */
 	LIST_ENTRY(conn) entry;
 };
 
@@ -141,7 +142,7 @@ static bool dir_check(struct dir *d)
 
 	if (!d->eof && d->queued + out < d->c->r->max_buffer)
 		bufferevent_enable(d->src, EV_READ);
-	if (d->eof && !d->shut && d->queued == 0 && out == 0) {
+	if (d->eof && !d->shut && d->queued == 0 && out == 0 && d->c->connected) {
 		d->shut = true;
 		shutdown(bufferevent_getfd(d->dst), SHUT_WR);
 		return conn_done(d->c);
@@ -240,8 +241,11 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 	struct conn *c = arg;
 	struct dir *d = dir_of_src(c, bev);
 
-	if (what & BEV_EVENT_CONNECTED)
+	if (what & BEV_EVENT_CONNECTED) {
+		c->connected = true;
+		dir_check(&c->up);	/* an EOF from the client may be waiting */
 		return;
+	}
 	if ((what & BEV_EVENT_EOF) && !(what & BEV_EVENT_ERROR)) {
 		if (!take_input(c, bev))	/* anything that came with the EOF */
 			return;
