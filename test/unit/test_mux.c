@@ -1073,6 +1073,158 @@ end:
 	return ok;
 }
 
+/* Raw frame: header fields as given, payload bytes as given. */
+static size_t raw_frame(uint8_t *f, uint8_t type, uint8_t flags, uint32_t id, const uint8_t *p, uint32_t len)
+{
+	struct mux_header h = { type, flags, 0, id, len };
+
+	mux_header_encode(f, &h);
+	if (len)
+		memcpy(f + MUX_HEADER_LEN, p, len);
+	return MUX_HEADER_LEN + len;
+}
+
+/* The relay's side of a peer's rule breaking: stream 1 open, not acked. */
+static bool test_relay_sees_agent_violations(void)
+{
+	bool ok = true;
+	struct side *relay = NULL, *agent = NULL;
+	uint8_t f[128];
+	uint32_t err;
+	static const uint8_t zero4[4] = { 0 }, max4[4] = { 0x7f, 0xff, 0xff, 0xff };
+	static const uint8_t goaway_hi[12] = { 0x80, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0 };
+	enum { N_CASES = 7 };
+
+	for (int k = 0; k < N_CASES; k++) {
+		size_t n = 0;
+		uint32_t want = MUX_E_PROTOCOL;
+		CHECK(pair_up(&relay, &agent, NULL, NULL, 0));
+		CHECK(relay_open(relay, "app", 0, &err) == 1);
+		switch (k) {
+		case 0:	/* DATA before OPEN_ACK */
+			n = mux_build_data(f, sizeof(f), 1, false, (const uint8_t *)"x", 1);
+			break;
+		case 1:	/* OPEN_ACK twice */
+			CHECK(inject(relay, f, mux_build_open_ack(f, sizeof(f), 1, 0)));
+			n = mux_build_open_ack(f, sizeof(f), 1, 0);
+			break;
+		case 2:	/* OPEN_ACK shrinking the window */
+			n = mux_build_open_ack(f, sizeof(f), 1, 2048);
+			break;
+		case 3:	/* WINDOW_UPDATE of 0 */
+			n = raw_frame(f, MUX_WINDOW_UPDATE, 0, 0, zero4, 4);
+			break;
+		case 4:	/* session window above 2^31-1 */
+			n = raw_frame(f, MUX_WINDOW_UPDATE, 0, 0, max4, 4);
+			want = MUX_E_FLOW_CONTROL;
+			break;
+		case 5:	/* stream window above 2^31-1 */
+			CHECK(inject(relay, f, mux_build_open_ack(f, sizeof(f), 1, 0)));
+			n = raw_frame(f, MUX_WINDOW_UPDATE, 0, 1, max4, 4);
+			want = MUX_E_FLOW_CONTROL;
+			break;
+		default: /* GOAWAY naming a stream id above 2^31-1 */
+			n = raw_frame(f, MUX_GOAWAY, 0, 0, goaway_hi, 12);
+			break;
+		}
+		if (inject(relay, f, n) || relay->error_code != want) {
+			fprintf(stderr, "  case %d: error %s, wanted %s\n", k, mux_error_name(relay->error_code),
+				mux_error_name(want));
+			ok = false;
+		}
+		CHECK(ts(relay, 1)->closes == 1 && ts(relay, 1)->close_code == want);
+		side_free(relay);
+		side_free(agent);
+		relay = agent = NULL;
+	}
+end:
+	side_free(relay);
+	side_free(agent);
+	return ok;
+}
+
+/* The agent refuses a bad HELLO_ACK. */
+static bool test_agent_refuses_bad_hello_ack(void)
+{
+	bool ok = true;
+	struct side *agent = NULL;
+	uint8_t f[256];
+	struct mux_hello ack;
+	static const uint8_t no_version[] = { 0, 7, 0, 8, 0, 0, 0, 0, 0, 0, 0, 1 };
+
+	for (int k = 0; k < 2; k++) {
+		size_t n;
+		agent = side_new(MUX_ROLE_AGENT, NULL);
+		CHECK(agent && mux_hello(agent->s, "a", NULL, 0, now));
+		if (k == 0) {
+			memset(&ack, 0, sizeof(ack));
+			ack.version = MUX_VERSION_MAX + 1;	/* not offered */
+			mux_settings_default(&ack.settings);
+			n = mux_build_hello_ack(f, sizeof(f), &ack);
+		} else {
+			n = raw_frame(f, MUX_HELLO_ACK, 0, 0, no_version, sizeof(no_version));
+		}
+		CHECK(!inject(agent, f, n) && agent->error_code == MUX_E_PROTOCOL && !mux_established(agent->s));
+		side_free(agent);
+		agent = NULL;
+	}
+end:
+	side_free(agent);
+	return ok;
+}
+
+static long cb_read_fails(struct mux_session *s, uint32_t id, uint8_t *dst, size_t max, bool *eof,
+			  void *stream_ud, void *ud)
+{
+	(void)s;
+	(void)id;
+	(void)dst;
+	(void)max;
+	(void)eof;
+	(void)stream_ud;
+	(void)ud;
+	return -1;
+}
+
+/* A data source failing resets its stream (INTERNAL); a stale PING reply is
+ * ignored; mux_session_abort() closes what is left. */
+static bool test_owner_failures_and_abort(void)
+{
+	bool ok = true;
+	struct side *relay = NULL, *agent = NULL;
+	struct mux_callbacks cb = callbacks;
+	uint32_t a, b, err;
+	uint8_t ping[MUX_HEADER_LEN + 8];
+	const uint8_t stale[8] = { 1, 2, 3 };
+
+	CHECK(pair_up(&relay, &agent, NULL, NULL, 0));
+	cb.read_data = cb_read_fails;
+	mux_session_free(agent->s);
+	agent->s = mux_session_new(MUX_ROLE_AGENT, &agent->set, &cb, agent);
+	mux_session_free(relay->s);
+	relay->s = mux_session_new(MUX_ROLE_RELAY, &relay->set, &callbacks, relay);
+	relay->hellos = agent->hello_acks = 0;
+	CHECK(mux_hello(agent->s, "a", NULL, 0, now));
+	pump(agent, relay, 0);
+	CHECK(mux_established(agent->s));
+	a = relay_open(relay, "app", 0, &err);
+	b = relay_open(relay, "app", 0, &err);
+	pump(relay, agent, 0);
+	CHECK(mux_open_ack(agent->s, a, 0) && mux_resume(agent->s, a));
+	pump(relay, agent, 0);
+	CHECK(ts(agent, a)->closes == 1 && ts(agent, a)->close_code == MUX_E_INTERNAL);
+	CHECK(ts(relay, a)->closes == 1 && ts(relay, a)->close_code == MUX_E_INTERNAL && ts(relay, a)->close_by_peer);
+	CHECK(inject(agent, ping, mux_build_ping(ping, sizeof(ping), true, stale)) && agent->ping_acks == 0);
+	mux_session_abort(relay->s, MUX_E_CANCEL);
+	CHECK(ts(relay, b)->closes == 1 && ts(relay, b)->close_code == MUX_E_CANCEL && mux_failed(relay->s));
+	CHECK(mux_stream_count(relay->s) == 0 && relay->errors == 0);
+	CHECK(!mux_reset(relay->s, b, MUX_E_CANCEL));
+end:
+	side_free(relay);
+	side_free(agent);
+	return ok;
+}
+
 /* ------------------------------------------------------------------------- */
 /* GOAWAY */
 
@@ -1574,6 +1726,9 @@ static const struct unit_case cases[] = {
 	{ "DATA for a closed stream is credited", test_closed_stream_data_credited },
 	{ "a reset stream returns its unread bytes to the session", test_reset_returns_held_credit },
 	{ "stream id reuse and idle streams", test_stream_id_reuse },
+	{ "the relay fails an agent that breaks the rules", test_relay_sees_agent_violations },
+	{ "the agent refuses a bad HELLO_ACK", test_agent_refuses_bad_hello_ack },
+	{ "owner failures and mux_session_abort", test_owner_failures_and_abort },
 	{ "GOAWAY from the agent refuses unprocessed opens", test_goaway_from_agent_refuses_unprocessed },
 	{ "GOAWAY from the relay drains", test_goaway_relay_drain },
 	{ "RST races", test_rst_races },
