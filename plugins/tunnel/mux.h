@@ -328,9 +328,11 @@ size_t mux_pending(struct mux_session *s, const uint8_t **out);
 /* n bytes of what mux_pending() returned were written. */
 void mux_consumed(struct mux_session *s, size_t n);
 /*
- * Heartbeat: queues a PING every ping_interval_ms, fails the session with
- * TIMEOUT when nothing arrived for dead_after_ms (ours). Returns the clock
- * value at which to call it next.
+ * Heartbeat: queues a PING every ping_interval_ms once established, fails the
+ * session with TIMEOUT when nothing arrived for dead_after_ms (our settings,
+ * not the peer's). The clock starts at mux_hello() or at the first
+ * mux_feed()/mux_tick(), whichever comes first; it must not go back.
+ * Returns the clock value at which to call it next.
  */
 uint64_t mux_tick(struct mux_session *s, uint64_t now_ms);
 
