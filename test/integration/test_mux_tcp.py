@@ -10,7 +10,7 @@ caller's LOKADB_MUX_WINDOW_KB reaches the settings."""
 import os
 import subprocess
 
-from lokadb_harness import SLOW, bouncer_env, free_port
+from lokadb_harness import SANITIZER_MARKERS, SLOW, bouncer_env, free_port
 from test_delay_relay import TOOLS_DIR, relay_factory  # noqa: F401 -- the fixture
 
 MUX_BENCH = os.path.join(TOOLS_DIR, "mux_bench")
@@ -26,6 +26,8 @@ def run_bench(relay_factory, delay_ms, args, env_extra=None):
                        capture_output=True, text=True, timeout=150 * SLOW, env=env)
     code, out, _ = r.stop()
     assert code == 0 and "1 connections" in out
+    for marker in SANITIZER_MARKERS:
+        assert marker not in p.stderr, f"sanitizer report from mux_bench:\n{p.stderr}"
     return p
 
 
