@@ -30,12 +30,28 @@ else
 BIN = lokadb
 endif
 
-.PHONY: all deps check unit integration bench demo install clean fuzz docs plugins test-plugins
+.PHONY: all deps check unit integration bench demo install clean fuzz docs plugins test-plugins test-tools
 
 all: config.mk $(BIN) plugins
 
+# ---- the tunnel multiplexer (plugins/tunnel/): shared code, not a plugin. The relay and agent
+# plugins compile it in (PLUGIN_EXTRA_SRCS_<name>); unit tests link MUX_OBJS, fuzz_mux its source.
+MUX_DIR = plugins/tunnel
+MUX_SRCS = $(wildcard $(MUX_DIR)/*.c)
+MUX_HDRS = $(wildcard $(MUX_DIR)/*.h)
+MUX_OBJS = $(patsubst $(MUX_DIR)/%.c,$(BUILD)/mux/%.o,$(MUX_SRCS))
+PLUGIN_LIBS = tunnel
+PLUGIN_EXTRA_SRCS_relay = $(MUX_SRCS)
+PLUGIN_EXTRA_SRCS_agent = $(MUX_SRCS)
+PLUGIN_EXTRA_CFLAGS_relay = -I$(MUX_DIR)
+PLUGIN_EXTRA_CFLAGS_agent = -I$(MUX_DIR)
+.SECONDARY: $(MUX_OBJS)
+$(BUILD)/mux/%.o: $(MUX_DIR)/%.c $(MUX_HDRS) config.mk
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -I$(MUX_DIR) -c -o $@ $<
+
 # ---- plugins: plugins/NAME/*.c -> plugins/NAME/NAME.so (sanitizer builds: $(BUILD)/plugins/NAME/NAME.so)
-PLUGIN_NAMES = $(patsubst plugins/%/,%,$(sort $(dir $(wildcard plugins/*/*.c))))
+PLUGIN_NAMES = $(filter-out $(PLUGIN_LIBS),$(patsubst plugins/%/,%,$(sort $(dir $(wildcard plugins/*/*.c)))))
 ifneq ($(SANITIZE),)
 PLUGIN_OUT = $(BUILD)/plugins
 else
@@ -44,9 +60,9 @@ endif
 PLUGIN_CFLAGS = $(CFLAGS) -fPIC -fvisibility=hidden -shared
 PLUGIN_SOS = $(foreach n,$(PLUGIN_NAMES),$(PLUGIN_OUT)/$(n)/$(n).so)
 define plugin_rule
-$(PLUGIN_OUT)/$(1)/$(1).so: $(wildcard plugins/$(1)/*.c plugins/$(1)/*.h plugins/$(1)/*.sql) $(wildcard include/lokadb/*.h) config.mk
+$(PLUGIN_OUT)/$(1)/$(1).so: $(wildcard plugins/$(1)/*.c plugins/$(1)/*.h plugins/$(1)/*.sql) $(wildcard include/lokadb/*.h) $$(PLUGIN_EXTRA_SRCS_$(1)) config.mk
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$(PLUGIN_CFLAGS) -Iplugins/$(1) -o $$@ $(wildcard plugins/$(1)/*.c) $$(SANFLAGS) $$(DEP_LIBS)
+	$$(CC) $$(PLUGIN_CFLAGS) -Iplugins/$(1) $$(PLUGIN_EXTRA_CFLAGS_$(1)) -o $$@ $(wildcard plugins/$(1)/*.c) $$(PLUGIN_EXTRA_SRCS_$(1)) $$(SANFLAGS) $$(DEP_LIBS)
 	$(if $(filter-out plugins,$(PLUGIN_OUT)),@for f in $(wildcard plugins/$(1)/*.sql); do cp -f $$$$f $$(dir $$@); done)
 endef
 $(foreach n,$(PLUGIN_NAMES),$(eval $(call plugin_rule,$(n))))
@@ -70,15 +86,28 @@ $(BUILD)/src/%.o: src/%.c $(wildcard src/*.h include/lokadb/*.h) config.mk
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<
 
-$(BUILD)/unit/%: test/unit/%.c test/unit/unit.h $(CORE_OBJS)
+$(BUILD)/unit/%: test/unit/%.c test/unit/unit.h $(CORE_OBJS) $(MUX_OBJS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itest/unit -o $@ $< $(CORE_OBJS) $(LDFLAGS) $(DEP_LIBS)
+	$(CC) $(CFLAGS) -Itest/unit -I$(MUX_DIR) -o $@ $< $(CORE_OBJS) $(MUX_OBJS) $(LDFLAGS) $(DEP_LIBS)
+
+# ---- test tools: test/tools/NAME.c -> $(BUILD)/tools/NAME (libevent programs used by the tests)
+TOOL_SRCS = $(wildcard test/tools/*.c)
+TOOLS = $(patsubst test/tools/%.c,$(BUILD)/tools/%,$(TOOL_SRCS))
+$(BUILD)/tools/%: test/tools/%.c config.mk
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(LDFLAGS) $(DEP_LIBS)
+# mux_bench drives the tunnel multiplexer over TCP: it compiles the mux sources in.
+$(BUILD)/tools/mux_bench: test/tools/mux_bench.c $(MUX_SRCS) $(MUX_HDRS) config.mk
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -I$(MUX_DIR) -o $@ $< $(MUX_SRCS) $(LDFLAGS) $(DEP_LIBS)
+test-tools: $(TOOLS)
 
 unit: $(UNIT_BINS)
 	@sh test/unit/run.sh $(UNIT_BINS)
 
-integration: all test-plugins
+integration: all test-plugins test-tools
 	cd test/integration && LOKADB_BIN=$(abspath $(BIN)) LOKADB_SANITIZE=$(SANITIZE) \
+		LOKADB_TOOLS_DIR=$(abspath $(BUILD)/tools) \
 		LOKADB_PLUGIN_DIR=$(abspath $(PLUGIN_OUT)) \
 		LOKADB_TEST_PLUGIN_DIR=$(abspath $(BUILD)/test-plugins) \
 		$(PYTHON) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
@@ -93,6 +122,10 @@ build/fuzz/%: test/fuzz/%.c test/fuzz/harness.h $(FUZZ_CORE) $(wildcard src/*.h)
 	@mkdir -p build/fuzz
 	clang -std=c11 -D_GNU_SOURCE -g -O1 -Iinclude -Isrc $(DEP_CFLAGS) \
 		-fsanitize=fuzzer,address,undefined -o $@ $< $(FUZZ_CORE) $(DEP_LIBS)
+# fuzz_mux drives the multiplexer alone: it needs no core objects.
+build/fuzz/fuzz_mux: test/fuzz/fuzz_mux.c $(MUX_SRCS) $(MUX_HDRS)
+	@mkdir -p build/fuzz
+	clang -std=c11 -D_GNU_SOURCE -g -O1 -I$(MUX_DIR) -fsanitize=fuzzer,address,undefined -o $@ $< $(MUX_SRCS)
 fuzz: $(FUZZ_BINS)
 # Each target runs FUZZ_SECONDS on a scratch copy of its seeds; crashes land in build/fuzz/.
 FUZZ_SECONDS ?= 20

@@ -8,6 +8,8 @@ Every seed starts with the selector byte the targets read first:
   bits 0-2  chunking of the writes (0 = one write, 1 = one byte per write, ...)
   fuzz_startup:  bits 3-4 auth_type (0 trust, 1 md5, 2 scram-sha-256, 3 plain)
   fuzz_messages: bit 3 = log in as the stats-only user
+  fuzz_mux:      bit 3 role (0 agent, 1 relay), bit 4 small settings,
+                 bit 5 no credit returned, bit 6 reset every third data event
 fuzz_startup seeds are the whole client stream; fuzz_messages seeds are what
 follows the startup packet the target sends itself (console `lokadb`).
 Existing files of the same names are overwritten; others are left alone.
@@ -114,6 +116,91 @@ MESSAGES = {
 }
 
 
+# ---- fuzz_mux: the tunnel multiplexer (doc/tunnel.md) ----
+MUX_PREFACE = b"LKTN\x00\x01\r\n"
+M_DATA, M_WU, M_OPEN, M_OPEN_ACK, M_RST, M_PING, M_GOAWAY, M_HELLO, M_HELLO_ACK = range(9)
+AS_AGENT, AS_RELAY, SMALL, NO_CONSUME, RESETS = 0, 1 << 3, 1 << 4, 1 << 5, 1 << 6
+
+
+def mframe(typ, sid=0, payload=b"", flags=0):
+    return struct.pack("!BBHII", typ, flags, 0, sid, len(payload)) + payload
+
+
+def tlv(typ, value):
+    return struct.pack("!HH", typ, len(value)) + value
+
+
+def hello(vmin=1, vmax=1, proof=b"proof"):
+    return mframe(M_HELLO, 0, tlv(1, struct.pack("!H", vmin)) + tlv(2, struct.pack("!H", vmax))
+                  + tlv(4, b"site-1") + tlv(5, proof) + tlv(8, struct.pack("!I", 65536)))
+
+
+def hello_ack():
+    return mframe(M_HELLO_ACK, 0, tlv(3, struct.pack("!H", 1)) + tlv(6, bytes(16))
+                  + tlv(7, struct.pack("!Q", 1700000000000)) + tlv(10, struct.pack("!I", 16384)))
+
+
+def mopen(sid, key=b"app", window=None):
+    p = tlv(17, key) + tlv(16, bytes(range(16))) + tlv(18, b"fdw-1")
+    if window:
+        p += tlv(8, struct.pack("!I", window))
+    return mframe(M_OPEN, sid, p)
+
+
+def mdata(sid, data, fin=False):
+    return mframe(M_DATA, sid, data, 1 if fin else 0)
+
+
+def mu32(typ, sid, v):
+    return mframe(typ, sid, struct.pack("!I", v))
+
+
+def mping(ack=False):
+    return mframe(M_PING, 0, b"12345678", 1 if ack else 0)
+
+
+def mgoaway(last, code, debug=b""):
+    return mframe(M_GOAWAY, 0, struct.pack("!III", last, code, 0) + debug)
+
+
+AGENT_STREAM = (hello_ack() + mopen(1) + mdata(1, b"Q" * 5000) + mu32(M_WU, 0, 100000)
+                + mu32(M_WU, 1, 5000) + mdata(1, b"", fin=True) + mping() + mping(ack=True))
+RELAY_STREAM = (MUX_PREFACE + hello() + mframe(M_OPEN_ACK, 1) + mdata(1, b"R" * 3000)
+                + mframe(M_OPEN_ACK, 3, tlv(8, struct.pack("!I", 1 << 21))) + mu32(M_WU, 3, 70000)
+                + mu32(M_RST, 5, 5) + mdata(1, b"", fin=True) + mping() + mgoaway(3, 0, b"agent restart"))
+
+MUX = {
+    "agent_handshake": bytes([AS_AGENT]) + hello_ack(),
+    "agent_stream": bytes([AS_AGENT]) + AGENT_STREAM,
+    "agent_stream_onebyte": bytes([AS_AGENT | 1]) + AGENT_STREAM,
+    "agent_stream_small": bytes([AS_AGENT | SMALL | NO_CONSUME | 4]) + AGENT_STREAM,
+    "agent_resets": bytes([AS_AGENT | RESETS | 3]) + hello_ack() + mopen(1) + b"".join(
+        mdata(1, bytes([i]) * 700) for i in range(8)) + mopen(3, b"big") + mdata(3, b"z" * 9000),
+    "agent_pending_connect": bytes([AS_AGENT]) + hello_ack() + mopen(1, b"wait") + mdata(1, b"early")
+    + mu32(M_RST, 1, 5) + mdata(1, b"late"),
+    "agent_refused": bytes([AS_AGENT]) + hello_ack() + mopen(1, b"xnosuch") + mdata(1, b"dropped")
+    + mu32(M_RST, 1, 5) + mopen(3, b"app", window=1 << 20),
+    "agent_goaway": bytes([AS_AGENT]) + hello_ack() + mopen(1) + mgoaway(0, 9, b"drain")
+    + mopen(3) + mgoaway(0, 9),
+    "agent_id_reuse": bytes([AS_AGENT]) + hello_ack() + mopen(3) + mopen(1),
+    "agent_window_breach": bytes([AS_AGENT | SMALL | NO_CONSUME]) + hello_ack() + mopen(1) + mdata(1, b"a" * 1024)
+    + mdata(1, b"b" * 1024),
+    "agent_unknown_type": bytes([AS_AGENT]) + hello_ack() + mframe(0x42, 7, b"?" * 40, 0xff) + mping(),
+    "agent_goaway_first": bytes([AS_AGENT]) + mgoaway(0, 6, b"bad token"),
+    "agent_bad_header": bytes([AS_AGENT]) + hello_ack() + struct.pack("!BBHII", M_DATA, 0, 1, 1, 0x7fffffff),
+    "relay_handshake": bytes([AS_RELAY]) + MUX_PREFACE + hello(),
+    "relay_stream": bytes([AS_RELAY]) + RELAY_STREAM,
+    "relay_stream_split": bytes([AS_RELAY | 2]) + RELAY_STREAM,
+    "relay_stream_small": bytes([AS_RELAY | SMALL | NO_CONSUME | 5]) + RELAY_STREAM,
+    "relay_bad_proof": bytes([AS_RELAY]) + MUX_PREFACE + hello(proof=b"\x00") + mping(),
+    "relay_bad_preface": bytes([AS_RELAY]) + b"GET / HTTP/1.1\r\n\r\n",
+    "relay_no_common_version": bytes([AS_RELAY]) + MUX_PREFACE + hello(2, 3),
+    "relay_newer_agent": bytes([AS_RELAY]) + MUX_PREFACE + hello(1, 7) + mframe(M_OPEN_ACK, 1),
+    "relay_open_from_agent": bytes([AS_RELAY]) + MUX_PREFACE + hello() + mopen(1),
+    "relay_ping_flood": bytes([AS_RELAY]) + MUX_PREFACE + hello() + mping() * 200,
+}
+
+
 def write(target, seeds):
     d = os.path.join(HERE, "corpus", target)
     os.makedirs(d, exist_ok=True)
@@ -126,3 +213,4 @@ def write(target, seeds):
 if __name__ == "__main__":
     write("fuzz_startup", STARTUP)
     write("fuzz_messages", MESSAGES)
+    write("fuzz_mux", MUX)
