@@ -232,7 +232,7 @@ static void client_row(struct admin_ctx *a, struct client *c, const char *state,
 	v[6] = fmt_int(b[0], port); v[7] = lhost; v[8] = fmt_int(b[1], lport);
 	v[9] = ct; v[10] = ct; v[11] = fmt_int(b[2], wait / USEC); v[12] = fmt_int(b[3], wait % USEC);
 	v[13] = "0"; v[14] = ptr; v[15] = c->link ? link : ""; v[16] = "0";
-	v[17] = c->tls && c->bev ? tls_describe(c->bev, tlsbuf, sizeof(tlsbuf)) : "";
+	v[17] = c->tls && c->bev ? tls_describe(&c->io, tlsbuf, sizeof(tlsbuf)) : "";
 	v[18] = c->vars.v[VAR_APPNAME] ? c->vars.v[VAR_APPNAME] : ""; v[19] = "0";
 	v[20] = fmt_u64(b[4], c->id);
 	if (debug)
@@ -274,7 +274,7 @@ static void server_row(struct admin_ctx *a, struct server *s, const char *state,
 	v[6] = fmt_int(b[0], port); v[7] = ""; v[8] = "0"; v[9] = ct; v[10] = ct; v[11] = "0"; v[12] = "0";
 	v[13] = s->close_needed ? "1" : "0"; v[14] = ptr; v[15] = s->link ? link : "";
 	v[16] = fmt_int(b[1], s->backend_pid);
-	v[17] = s->io.tls && s->bev ? tls_describe(s->bev, tlsbuf, sizeof(tlsbuf)) : "";
+	v[17] = s->io.tls && s->bev ? tls_describe(&s->io, tlsbuf, sizeof(tlsbuf)) : "";
 	v[18] = s->vars.v[VAR_APPNAME] ? s->vars.v[VAR_APPNAME] : "";
 	v[19] = "0"; v[20] = fmt_u64(b[2], s->id);
 	if (debug)

@@ -123,16 +123,15 @@ void client_close(struct client *c, const char *sqlstate, const char *fmt, ...)
 	c->state = CL_CLOSING;
 	TAILQ_INSERT_TAIL(&rt->closing_clients, c, entry);
 	out = bufferevent_get_output(c->bev);
-	if (sqlstate && (!c->tls || tls_handshake_done(c->bev)))
+	if (sqlstate && (!c->tls || tls_handshake_done(&c->io)))
 		pkt_send_error(out, "FATAL", sqlstate, "%s", msg);
 	conn_want_read(&c->io, false);
-	if (evbuffer_get_length(out) == 0 || (c->tls && !tls_handshake_done(c->bev))) {
+	if (evbuffer_get_length(out) == 0 || (c->tls && !tls_handshake_done(&c->io))) {
 		client_free_now(c);
 		return;
 	}
 	/* flush, then free from the write callback (or on error) */
-	bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
-	bufferevent_enable(c->bev, EV_WRITE);
+	conn_flush_close(&c->io);
 }
 
 /* Take the client off whatever list its state puts it on. */
@@ -204,7 +203,7 @@ static void client_event_cb(struct bufferevent *bev, short what, void *arg)
 	}
 	if (c->tls && (what & BEV_EVENT_ERROR) && !(what & BEV_EVENT_EOF)) {
 		char buf[256];
-		client_close(c, NULL, "TLS error: %s", tls_error(c->bev, buf, sizeof(buf)));
+		client_close(c, NULL, "TLS error: %s", tls_error(&c->io, buf, sizeof(buf)));
 	} else if (what & BEV_EVENT_EOF)
 		client_close(c, NULL, "client unexpected eof");
 	else if (what & BEV_EVENT_ERROR)
@@ -390,7 +389,6 @@ static void client_startup_decided(struct client *c);
 static bool client_start_tls(struct client *c, struct evbuffer *in)
 {
 	struct ssl_st *ssl;
-	struct bufferevent *nb;
 	int fd = bufferevent_getfd(c->bev);
 
 	if (evbuffer_get_length(in) > 0) {
@@ -402,17 +400,11 @@ static bool client_start_tls(struct client *c, struct evbuffer *in)
 		return false;
 	}
 	ssl = tls_client_new();
-	nb = ssl ? conn_start_tls(&c->io, c->bev, ssl, true) : NULL;
-	if (!nb) {
+	if (!ssl || !conn_start_tls(&c->io, ssl, true)) {
 		client_close(c, NULL, "could not start TLS: out of memory");
 		return false;
 	}
-	c->bev = nb;
 	c->tls = true;
-	bufferevent_setcb(nb, client_read_cb, client_write_cb, client_event_cb, c);
-	bufferevent_setwatermark(nb, EV_WRITE, WRITE_LOW_WATER, 0);
-	bufferevent_enable(nb, EV_READ | EV_WRITE);
-	c->io.rd_want = true;
 	return false;	/* the startup packet comes through TLS */
 }
 

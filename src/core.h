@@ -103,7 +103,13 @@ struct conn_io {
 	bool rd_want;			/* the owner wants input */
 	bool rd_on;			/* rd is added */
 	bool spare_ok;			/* its bufferevent may be kept as a spare when freed */
-	bool tls;			/* a bufferevent_openssl: plain bufferevent I/O, no fast path */
+	bool tls;			/* ssl is set: reads and writes go through OpenSSL */
+	bool hs_done;			/* TLS handshake finished */
+	bool wr_on;			/* wr is added */
+	bool rd_on_wr;			/* TLS: a read waits for the socket to be writable */
+	struct ssl_st *ssl;		/* TLS on the bufferevent's socket (util.c, tls.c) */
+	struct event *wr;		/* TLS: our write event while the kernel is full */
+	unsigned long ssl_err;		/* TLS: the OpenSSL error that ended the connection */
 };
 
 #define CONN_SPARES_MAX 64
@@ -366,7 +372,8 @@ void conn_free(struct conn_io *wt, struct bufferevent *bev);
 void conn_flush_all(void);
 struct bufferevent *conn_bev_for(struct conn_io *io, int fd);
 struct ssl_st;
-struct bufferevent *conn_start_tls(struct conn_io *io, struct bufferevent *old, struct ssl_st *ssl, bool accepting);
+bool conn_start_tls(struct conn_io *io, struct ssl_st *ssl, bool accepting);
+void conn_flush_close(struct conn_io *io);
 void conn_set_rd_high(struct conn_io *io, size_t high);
 void conn_spares_free(void);
 
@@ -531,9 +538,9 @@ void tls_client_apply(void *ctx);
 void tls_client_discard(void *ctx);
 bool tls_client_enabled(void);
 struct ssl_st *tls_client_new(void);
-const char *tls_describe(struct bufferevent *bev, char *buf, size_t len);
-const char *tls_error(struct bufferevent *bev, char *buf, size_t len);
-bool tls_handshake_done(struct bufferevent *bev);
+const char *tls_describe(const struct conn_io *io, char *buf, size_t len);
+const char *tls_error(const struct conn_io *io, char *buf, size_t len);
+bool tls_handshake_done(const struct conn_io *io);
 void tls_free_all(void);
 bool tls_server_check(const struct lk_config *cf, void **ctx, char *err, size_t errlen);
 void tls_server_apply(void *ctx);

@@ -210,7 +210,6 @@ static void server_ssl_answer(struct server *s, struct evbuffer *in)
 	int mode = rt->cf->server_tls_sslmode;
 	uint8_t answer;
 	struct ssl_st *ssl;
-	struct bufferevent *nb;
 
 	if (evbuffer_remove(in, &answer, 1) != 1)
 		return;
@@ -229,16 +228,11 @@ static void server_ssl_answer(struct server *s, struct evbuffer *in)
 		return;
 	}
 	ssl = tls_server_new(s->pool->db->conf.host);
-	nb = ssl ? conn_start_tls(&s->io, s->bev, ssl, false) : NULL;
-	if (!nb) {
+	if (!ssl || !conn_start_tls(&s->io, ssl, false)) {
 		server_close(s, "could not start TLS: out of memory");
 		return;
 	}
-	s->bev = nb;
 	s->tls_step = 2;
-	bufferevent_setcb(nb, server_read_cb, server_write_cb, server_event_cb, s);
-	bufferevent_setwatermark(nb, EV_WRITE, WRITE_LOW_WATER, 0);
-	bufferevent_enable(nb, EV_READ | EV_WRITE);
 }
 
 /* A plugin transport handed over a connected stream socket. */
@@ -282,7 +276,7 @@ static void server_event_cb(struct bufferevent *bev, short what, void *arg)
 	if (s->tls_step == 2) {
 		char buf[256];
 		server_tls_fail(s, (what & BEV_EVENT_EOF) ? "server closed the connection during the TLS handshake" :
-				tls_error(s->bev, buf, sizeof(buf)));
+				tls_error(&s->io, buf, sizeof(buf)));
 		return;
 	}
 	if (s->state == SV_LOGIN) {

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: ISC */
 /*
- * tls.c -- TLS with clients (OpenSSL 3 through libevent's bufferevent_openssl).
+ * tls.c -- TLS with clients and servers (OpenSSL 3 on the connection's socket).
  *
  * The SSL_CTX is built from the client_tls_* settings at start and on every
  * RELOAD/SET that touches them (check-then-apply: a key or certificate that
@@ -9,9 +9,9 @@
  * (OpenSSL reference-counts it).
  *
  * A client that sends SSLRequest while client_tls_sslmode is not disable
- * gets 'S', then its socket moves from the plain fast path to a
- * bufferevent_openssl (util.c conn_start_tls()); everything after that is
- * the same code.
+ * gets 'S', then OpenSSL takes over its socket inside the same fast path
+ * (util.c conn_start_tls(): handshake, SSL_read, SSL_write); everything
+ * after that is the same code.
  */
 #include "core.h"
 
@@ -26,8 +26,6 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
-
-#include <event2/bufferevent_ssl.h>
 
 static SSL_CTX *client_ctx;
 
@@ -272,9 +270,9 @@ SSL *tls_client_new(void)
 }
 
 /* "TLSv1.3/TLS_AES_256_GCM_SHA384" for SHOW CLIENTS (empty when plain). */
-const char *tls_describe(struct bufferevent *bev, char *buf, size_t len)
+const char *tls_describe(const struct conn_io *io, char *buf, size_t len)
 {
-	SSL *ssl = bev ? bufferevent_openssl_get_ssl(bev) : NULL;
+	SSL *ssl = io->ssl;
 
 	buf[0] = 0;
 	if (ssl)
@@ -282,17 +280,16 @@ const char *tls_describe(struct bufferevent *bev, char *buf, size_t len)
 	return buf;
 }
 
-/* Has the TLS handshake of this bufferevent completed? */
-bool tls_handshake_done(struct bufferevent *bev)
+/* Has the TLS handshake of this connection completed? */
+bool tls_handshake_done(const struct conn_io *io)
 {
-	SSL *ssl = bev ? bufferevent_openssl_get_ssl(bev) : NULL;
-	return ssl && SSL_is_init_finished(ssl);
+	return io->ssl && io->hs_done;
 }
 
-/* The last OpenSSL error of a TLS bufferevent, for a log line. */
-const char *tls_error(struct bufferevent *bev, char *buf, size_t len)
+/* The OpenSSL error that ended a TLS connection, for a log line. */
+const char *tls_error(const struct conn_io *io, char *buf, size_t len)
 {
-	unsigned long e = bev ? bufferevent_get_openssl_error(bev) : 0;
+	unsigned long e = io->ssl_err;
 
 	if (!e || ERR_GET_LIB(e) == 0) {
 		snprintf(buf, len, "connection lost during TLS");

@@ -9,7 +9,7 @@
 #include "core.h"
 
 #include <openssl/ssl.h>
-#include <event2/bufferevent_ssl.h>
+#include <openssl/err.h>
 
 #include <errno.h>
 #include <openssl/crypto.h>
@@ -240,6 +240,8 @@ static void conn_out_cb(struct evbuffer *buf, const struct evbuffer_cb_info *inf
 	event_active(rt->flush_ev, EV_TIMEOUT, 0);
 }
 
+static bool tls_write_out(struct conn_io *io);
+
 static void conn_flush_one(struct conn_io *wt)
 {
 	struct bufferevent *bev = wt->bev;
@@ -249,6 +251,14 @@ static void conn_flush_one(struct conn_io *wt)
 	void *cbarg;
 	int fd = bufferevent_getfd(bev);
 
+	if (wt->tls) {
+		if (fd < 0 || !wt->hs_done || wt->wr_on || !tls_write_out(wt))
+			return;
+		bufferevent_getcb(bev, &readcb, &writecb, &eventcb, &cbarg);
+		if (writecb)
+			writecb(bev, cbarg);
+		return;
+	}
 	if (fd < 0 || (bufferevent_get_enabled(bev) & EV_WRITE))
 		return;
 	/* a bufferevent keeps its output's start frozen; it unfreezes it the same way to write */
@@ -286,8 +296,6 @@ void conn_write_through(struct conn_io *wt, struct bufferevent *bev)
 
 void conn_write_idle(struct bufferevent *bev)
 {
-	if (bufferevent_openssl_get_ssl(bev))
-		return;		/* TLS writes through the bufferevent: EV_WRITE stays on */
 	if (evbuffer_get_length(bufferevent_get_output(bev)) == 0 && (bufferevent_get_enabled(bev) & EV_WRITE))
 		bufferevent_disable(bev, EV_WRITE);
 }
@@ -313,7 +321,12 @@ static void conn_update_rd(struct conn_io *io)
 	else
 		event_del(io->rd);
 	io->rd_on = on;
+	/* records OpenSSL already read from the socket: the socket will not say so */
+	if (on && io->tls && io->hs_done && SSL_has_pending(io->ssl))
+		event_active(io->rd, EV_READ, 0);
 }
+
+static void tls_read_cb(struct conn_io *io);
 
 static void conn_read_cb(evutil_socket_t fd, short what, void *arg)
 {
@@ -328,6 +341,10 @@ static void conn_read_cb(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 
 	rt->now = now_mono();
+	if (io->tls) {
+		tls_read_cb(io);
+		return;
+	}
 	/*
 	 * Into the buffer's free tail when it has room (a message arriving in
 	 * pieces), else through rt->readbuf: a small message then costs a
@@ -384,12 +401,6 @@ void conn_want_read(struct conn_io *io, bool on)
 	io->rd_want = on;
 	if (io->rd)
 		conn_update_rd(io);
-	else if (io->tls && io->bev) {
-		if (on)
-			bufferevent_enable(io->bev, EV_READ);
-		else
-			bufferevent_disable(io->bev, EV_READ);
-	}
 }
 
 /* After consuming input: resume reading if the high mark had stopped it. */
@@ -403,52 +414,278 @@ void conn_read_check(struct conn_io *io)
 void conn_set_rd_high(struct conn_io *io, size_t high)
 {
 	io->rd_high = high;
-	if (io->tls && io->bev)
-		bufferevent_setwatermark(io->bev, EV_READ, 0, high);
-	else if (io->rd)
+	if (io->rd)
 		conn_update_rd(io);
 }
 
-/*
- * Move a plain connection to TLS: a bufferevent_openssl on the same socket
- * replaces `old` (freed without closing the socket), and the connection
- * leaves the fast path for plain bufferevent I/O. NULL (and `old` intact)
- * when the new bufferevent cannot be made; ssl is freed then.
+/* ---- TLS ----
+ *
+ * A TLS connection keeps its plain bufferevent and the fast path above:
+ * OpenSSL works on the socket itself (SSL_set_fd), our read event drives
+ * the handshake and then SSL_read()s into the input buffer, and the flush
+ * SSL_write()s the output buffer. (libevent's bufferevent_openssl writes
+ * only when the loop reports the socket writable -- two epoll_ctl calls and
+ * a loop turn per reply --, makes one TLS record of every buffer chain and
+ * reads every record with two read(2) calls: a third of PgBouncer's
+ * throughput with one client.) The bufferevent's own EV_READ and EV_WRITE
+ * stay off: it would read and write the socket in plaintext.
  */
-struct bufferevent *conn_start_tls(struct conn_io *io, struct bufferevent *old, struct ssl_st *ssl, bool accepting)
-{
-	int fd = bufferevent_getfd(old);
-	struct bufferevent *nb;
+#define TLS_WRITE_CHUNK (64 * 1024)
 
-	nb = bufferevent_openssl_socket_new(rt->base, fd, ssl,
-					    accepting ? BUFFEREVENT_SSL_ACCEPTING : BUFFEREVENT_SSL_CONNECTING,
-					    BEV_OPT_CLOSE_ON_FREE);
-	if (!nb) {
-		SSL_free(ssl);
-		return NULL;
-	}
-	if (io->bev == old) {
-		evbuffer_remove_cb(bufferevent_get_output(old), conn_out_cb, io);
-		if (io->queued)
-			TAILQ_REMOVE(&rt->flush_list, io, entry);
-		io->queued = false;
-	}
-	if (io->rd) {
-		event_free(io->rd);
-		io->rd = NULL;
-	}
-	io->rd_on = false;
-	bufferevent_setcb(old, NULL, NULL, NULL, NULL);
-	bufferevent_disable(old, EV_READ | EV_WRITE);
-	bufferevent_setfd(old, -1);
-	bufferevent_free(old);
-	io->bev = nb;
-	io->tls = true;
-	io->spare_ok = false;
-	bufferevent_setwatermark(nb, EV_READ, 0, io->rd_high);
-	return nb;
+static void conn_queue_flush(struct conn_io *io)
+{
+	if (io->queued)
+		return;
+	io->queued = true;
+	TAILQ_INSERT_TAIL(&rt->flush_list, io, entry);
+	event_active(rt->flush_ev, EV_TIMEOUT, 0);
 }
 
+static void tls_wr_start(struct conn_io *io)
+{
+	if (!io->wr_on && event_add(io->wr, NULL) == 0)
+		io->wr_on = true;
+}
+
+static void tls_wr_stop(struct conn_io *io)
+{
+	if (io->wr_on)
+		event_del(io->wr);
+	io->wr_on = false;
+}
+
+/* What a failed OpenSSL call waits for: EV_READ, EV_WRITE, or 0 for the end (EOF or error). */
+static int tls_wants(struct conn_io *io, int ret, bool *eof)
+{
+	int e = SSL_get_error(io->ssl, ret);
+
+	*eof = false;
+	if (e == SSL_ERROR_WANT_READ)
+		return EV_READ;
+	if (e == SSL_ERROR_WANT_WRITE)
+		return EV_WRITE;
+	if (e == SSL_ERROR_ZERO_RETURN || (e == SSL_ERROR_SYSCALL && ERR_peek_error() == 0 && errno == 0))
+		*eof = true;	/* close_notify, or the socket closed (SSL_OP_IGNORE_UNEXPECTED_EOF) */
+	else if (!io->ssl_err)
+		io->ssl_err = ERR_peek_last_error();
+	return 0;
+}
+
+/* The end of a TLS connection: the owner's event callback (which may free io). */
+static void tls_end(struct conn_io *io, short what, bool eof)
+{
+	bufferevent_data_cb readcb, writecb;
+	bufferevent_event_cb eventcb;
+	void *cbarg;
+
+	ERR_clear_error();
+	tls_wr_stop(io);
+	conn_want_read(io, false);
+	bufferevent_getcb(io->bev, &readcb, &writecb, &eventcb, &cbarg);
+	if (eventcb)
+		eventcb(io->bev, (short)(what | (eof ? BEV_EVENT_EOF : BEV_EVENT_ERROR)), cbarg);
+}
+
+static void tls_handshake(struct conn_io *io)
+{
+	bufferevent_data_cb readcb, writecb;
+	bufferevent_event_cb eventcb;
+	void *cbarg;
+	bool eof;
+	int r;
+
+	ERR_clear_error();
+	errno = 0;
+	r = SSL_do_handshake(io->ssl);
+	if (r == 1) {
+		io->hs_done = true;
+		tls_wr_stop(io);
+		if (SSL_has_pending(io->ssl))	/* data that came with the handshake's last flight */
+			event_active(io->rd, EV_READ, 0);
+		if (evbuffer_get_length(bufferevent_get_output(io->bev)) > 0)
+			conn_queue_flush(io);
+		bufferevent_getcb(io->bev, &readcb, &writecb, &eventcb, &cbarg);
+		if (eventcb)
+			eventcb(io->bev, BEV_EVENT_CONNECTED, cbarg);
+		return;
+	}
+	switch (tls_wants(io, r, &eof)) {
+	case EV_READ:
+		tls_wr_stop(io);
+		break;
+	case EV_WRITE:
+		tls_wr_start(io);
+		break;
+	default:
+		tls_end(io, BEV_EVENT_READING, eof);
+		break;
+	}
+}
+
+/* The read event of a TLS connection: handshake, or records into the input buffer. */
+static void tls_read_cb(struct conn_io *io)
+{
+	struct bufferevent *bev = io->bev;
+	struct evbuffer *in = bufferevent_get_input(bev);
+	bufferevent_data_cb readcb, writecb;
+	bufferevent_event_cb eventcb;
+	void *cbarg;
+	size_t got, total = 0;
+	bool eof;
+	int r;
+
+	if (!io->hs_done) {
+		tls_handshake(io);
+		return;
+	}
+	evbuffer_unfreeze(in, 0);
+	do {
+		ERR_clear_error();
+		errno = 0;
+		r = SSL_read_ex(io->ssl, rt->readbuf, sizeof(rt->readbuf), &got);
+		if (r != 1)
+			break;
+		evbuffer_add(in, rt->readbuf, got);
+		total += got;
+	} while (SSL_has_pending(io->ssl) && (!io->rd_high || evbuffer_get_length(in) < io->rd_high));
+	evbuffer_freeze(in, 0);
+	if (total > 0) {
+		conn_update_rd(io);
+		bufferevent_getcb(bev, &readcb, &writecb, &eventcb, &cbarg);
+		if (readcb)
+			readcb(bev, cbarg);
+		return;
+	}
+	switch (tls_wants(io, r, &eof)) {
+	case EV_READ:
+		break;
+	case EV_WRITE:		/* OpenSSL must send something first (a TLS 1.3 key update) */
+		io->rd_on_wr = true;
+		tls_wr_start(io);
+		break;
+	default:
+		tls_end(io, BEV_EVENT_READING, eof);
+		break;
+	}
+}
+
+/*
+ * Write the output buffer through OpenSSL: true once it is empty; false
+ * when the kernel is full (our write event waits) or the connection ended
+ * (the owner's event callback ran). A retried SSL_write never gets fewer
+ * bytes than the last one: only we drain the buffer.
+ */
+static bool tls_write_out(struct conn_io *io)
+{
+	struct evbuffer *buf = bufferevent_get_output(io->bev);
+	size_t len, n, done;
+	bool eof;
+	int r;
+
+	evbuffer_unfreeze(buf, 1);
+	while ((len = evbuffer_get_length(buf)) > 0) {
+		n = len < TLS_WRITE_CHUNK ? len : TLS_WRITE_CHUNK;
+		ERR_clear_error();
+		errno = 0;
+		r = SSL_write_ex(io->ssl, evbuffer_pullup(buf, (ssize_t)n), n, &done);
+		if (r == 1) {
+			evbuffer_drain(buf, done);
+			continue;
+		}
+		evbuffer_freeze(buf, 1);
+		if (tls_wants(io, r, &eof) == EV_WRITE) {
+			tls_wr_start(io);
+			return false;
+		}
+		tls_end(io, BEV_EVENT_WRITING, false);	/* no renegotiation: a write never waits to read */
+		return false;
+	}
+	evbuffer_freeze(buf, 1);
+	return true;
+}
+
+static void tls_wr_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct conn_io *io = arg;
+	(void)fd;
+	(void)what;
+
+	io->wr_on = false;
+	rt->now = now_mono();
+	if (!io->hs_done) {
+		tls_handshake(io);
+		return;
+	}
+	if (io->rd_on_wr) {
+		io->rd_on_wr = false;
+		event_active(io->rd, EV_READ, 0);
+	}
+	conn_flush_one(io);
+}
+
+/*
+ * Start TLS on a connected socket (after our SSLRequest was answered 'S',
+ * or after we answered a client's with 'S'). The owner's event callback
+ * gets BEV_EVENT_CONNECTED when the handshake is done, or an error/EOF.
+ * false (and ssl freed) when out of memory.
+ */
+bool conn_start_tls(struct conn_io *io, struct ssl_st *ssl, bool accepting)
+{
+	int fd = bufferevent_getfd(io->bev);
+
+	io->wr = io->rd ? event_new(rt->base, fd, EV_WRITE, tls_wr_cb, io) : NULL;
+	if (!io->wr || SSL_set_fd(ssl, fd) != 1) {
+		if (io->wr)
+			event_free(io->wr);
+		io->wr = NULL;
+		SSL_free(ssl);
+		return false;
+	}
+	SSL_set_mode(ssl, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+	SSL_set_options(ssl, SSL_OP_IGNORE_UNEXPECTED_EOF | SSL_OP_NO_RENEGOTIATION);
+	SSL_set_read_ahead(ssl, 1);
+	if (accepting)
+		SSL_set_accept_state(ssl);
+	else
+		SSL_set_connect_state(ssl);
+	io->ssl = ssl;
+	io->tls = true;
+	io->hs_done = false;
+	io->ssl_err = 0;
+	conn_want_read(io, true);
+	if (!accepting)
+		event_active(io->wr, EV_WRITE, 0);	/* our ClientHello goes out from the loop */
+	return true;
+}
+
+/* Closing: write what is queued; the owner's write callback sees it empty. */
+void conn_flush_close(struct conn_io *io)
+{
+	if (io->tls) {
+		if (!io->wr_on)
+			conn_queue_flush(io);
+		return;
+	}
+	bufferevent_setwatermark(io->bev, EV_WRITE, 0, 0);
+	bufferevent_enable(io->bev, EV_WRITE);
+}
+
+static void tls_io_free(struct conn_io *io)
+{
+	if (io->wr)
+		event_free(io->wr);
+	io->wr = NULL;
+	io->wr_on = false;
+	if (io->ssl) {
+		if (io->hs_done && !io->ssl_err)
+			SSL_shutdown(io->ssl);	/* close_notify, if the socket takes it now */
+		ERR_clear_error();
+		SSL_free(io->ssl);
+	}
+	io->ssl = NULL;
+	io->tls = io->hs_done = io->rd_on_wr = false;
+	io->ssl_err = 0;
+}
 static bool conn_spare_put(struct bufferevent *bev, struct event *rd);
 
 /* Free a bufferevent, with its write-through state if it has one. */
@@ -466,6 +703,7 @@ void conn_free(struct conn_io *wt, struct bufferevent *bev)
 	if (wt) {
 		wt->rd = NULL;
 		wt->rd_on = wt->rd_want = false;
+		tls_io_free(wt);
 	}
 	if (rd && wt->spare_ok && conn_spare_put(bev, rd))
 		return;
