@@ -114,6 +114,8 @@ void client_close(struct client *c, const char *sqlstate, const char *fmt, ...)
 	c->closing = true;
 	if (c->hooked)
 		plugin_client_close(c);
+	if (sqlstate && rt->cf->log_pooler_errors)
+		log_warning("%s pooler error: %s", client_ident(c, ident, sizeof(ident)), msg);
 	if (fmt && (rt->cf->log_disconnections || sqlstate))
 		log_info("%s closing because: %s", client_ident(c, ident, sizeof(ident)), msg);
 	else if (rt->cf->log_disconnections && c->state != CL_LOGIN)
@@ -936,7 +938,10 @@ static void fail_message(struct client *c, struct evbuffer *in, char type, uint3
 			 const char *msg)
 {
 	struct pktbuf *pb = &rt->pb;
+	char ident[160];
 
+	if (rt->cf->log_pooler_errors)
+		log_warning("%s pooler error: %s", client_ident(c, ident, sizeof(ident)), msg);
 	drop_message(c, in, len);
 	pkt_error(pb, "ERROR", sqlstate, msg, NULL);
 	if (type == 'Q' || type == 'S' || type == 'F')

@@ -137,6 +137,19 @@ def test_unknown_database_gets_3D000_no_such_database(bouncer):
     assert_serves(bouncer)
 
 
+def test_log_pooler_errors_logs_the_errors_lokadb_sends_as_warnings(bouncer_factory):
+    """log_pooler_errors (PgBouncer's setting, on by default): each error the
+    pooler itself sends is a WARNING "pooler error: ..." line; off, none."""
+    on = bouncer_factory()
+    assert_error(on.login_error("nosuchdb_on"), "3D000", "no such database")
+    on.wait_log(r"WARNING .*pooler error: no such database.*nosuchdb_on")
+    off = bouncer_factory(settings={"log_pooler_errors": 0})
+    assert_error(off.login_error("nosuchdb_off"), "3D000", "no such database")
+    off.wait_log("nosuchdb_off")                 # the closing line is there ...
+    assert "pooler error" not in off.log()        # ... the warning is not
+    assert_serves(on)
+
+
 def test_terminate_message_closes_the_connection_cleanly(bouncer):
     w = bouncer.login("p0")
     w.send(message(b"X"))
