@@ -1187,6 +1187,10 @@ static bool client_message(struct client *c, struct evbuffer *in)
 			evbuffer_drain(in, len - 4);
 		return !c->closing;
 	}
+	if (hdr[0] == 'Q' && rt->cf->disable_pqexec) {	/* as PgBouncer; the console above keeps it */
+		client_close(c, "08P01", "PQexec disallowed");
+		return false;
+	}
 	if (c->skip_to_sync || c->watch || c->qev) {
 		if (c->skip_to_sync)
 			return skip_message(c, in, (char)hdr[0], len);

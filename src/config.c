@@ -101,7 +101,8 @@ const struct cf_setting config_settings[] = {
 	STR_ROW(auth_user, NULL, true,
 		"User that runs auth_query (its password in auth_file); a [databases] entry's auth_user overrides it."),
 	TIME_ROW(autodb_idle_timeout, "3600", true,
-		 "Drop pools made from the `*` database entry once unused for this long."),
+		 "Close the server connections of a database made from the `*` entry once no client has "
+		 "used it for this long (min_pool_size does not refill it until a client comes back; 0 = never)."),
 	TIME_ROW(client_idle_timeout, "0", true,
 		 "Close client connections idle for longer than this (0 = never)."),
 	TIME_ROW(client_login_timeout, "30", true,
@@ -122,7 +123,8 @@ const struct cf_setting config_settings[] = {
 	INT_ROW(default_pool_size, "20", 0, COUNT_MAX, true,
 		"Server connections per database and user pair, unless the database or user sets pool_size."),
 	BOOL_ROW(disable_pqexec, "0", false,
-		 "Refuse the simple query protocol, which can carry several statements in one message."),
+		 "Refuse the simple query protocol, which can carry several statements in one message: "
+		 "a client that sends a Query message is closed with `PQexec disallowed` (08P01). The console keeps it."),
 	TIME_ROW(dns_max_ttl, "15", true,
 		 "How long a successful DNS lookup is cached."),
 	TIME_ROW(dns_nxdomain_ttl, "15", true,
@@ -164,7 +166,8 @@ const struct cf_setting config_settings[] = {
 	STR_ROW(pidfile, NULL, false,
 		"File to write the process id to; empty = none."),
 	INT_ROW(pkt_buf, "4096", PKT_BUF_MIN, PKT_BUF_MAX, false,
-		"Size in bytes of the buffer each connection reads packets into."),
+		"Accepted for PgBouncer compatibility, no effect: lokadb reads up to 16 kB at a time and "
+		"buffers whole messages only where it must (max_message_bytes bounds them)."),
 	STR_ROW(plugin_dir, NULL, false,
 		"Directory plugins are loaded from; empty = the compiled-in plugin directory."),
 	STR_ROW(plugins, NULL, false,
@@ -215,7 +218,8 @@ const struct cf_setting config_settings[] = {
 	STR_ROW(stats_users, NULL, true,
 		"Users allowed to run the read-only SHOW commands of the admin console (comma-separated)."),
 	TIME_ROW(suspend_timeout, "10", true,
-		 "How long SUSPEND and online restart wait for buffers to drain before closing clients."),
+		 "Accepted for PgBouncer compatibility, no effect: SUSPEND and online restart (-R) are not "
+		 "supported (a rolling restart uses so_reuseport)."),
 	BOOL_ROW(syslog, "0", false,
 		 "Also send the log to syslog."),
 	STR_ROW(syslog_facility, "daemon", false,

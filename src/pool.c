@@ -775,6 +775,22 @@ static void janitor_launch(struct pool *p, usec_t now)
 		server_launch(p);
 }
 
+/*
+ * autodb_idle_timeout: a database made from the `*` entry that no client
+ * has used for that long keeps no server connections (and min_pool_size
+ * does not refill it) until a client comes back.
+ */
+static bool janitor_autodb_idle(struct pool *p, usec_t now)
+{
+	struct server *s, *tmp;
+
+	if (!p->db->autodb || rt->cf->autodb_idle_timeout <= 0 || now - p->db->last_used <= rt->cf->autodb_idle_timeout)
+		return false;
+	TAILQ_FOREACH_SAFE(s, &p->idle_servers, entry, tmp)
+		server_close(s, "autodb_idle_timeout");
+	return true;
+}
+
 void pool_janitor(void)
 {
 	struct pool *p;
@@ -784,10 +800,14 @@ void pool_janitor(void)
 	TAILQ_FOREACH_SAFE(c, &rt->login_clients, entry, tmp)
 		if (rt->cf->client_login_timeout > 0 && now - c->login_start > rt->cf->client_login_timeout)
 			client_close(c, "57014", "client_login_timeout");
+	TAILQ_FOREACH(p, &rt->pools, entry)
+		if (p->n_active_cl + p->n_waiting_cl + p->n_login_cl > 0)
+			p->db->last_used = now;
 	TAILQ_FOREACH(p, &rt->pools, entry) {
 		janitor_clients(p, now);
 		janitor_servers(p, now);
-		janitor_launch(p, now);
+		if (!janitor_autodb_idle(p, now))
+			janitor_launch(p, now);
 	}
 	admin_janitor();
 	lokadb_check_shutdown();

@@ -517,3 +517,35 @@ def test_application_name_add_host_appends_the_client_address(bouncer_factory):
     c = b.connect("p0", application_name="app1")
     name = c.execute("show application_name").fetchone()[0]
     assert name.startswith("app1 - 127.0.0.1:"), name
+
+
+def test_disable_pqexec_closes_a_client_that_sends_a_query_message(bouncer_factory):
+    b = bouncer_factory(settings={"disable_pqexec": 1})
+    with b.connect(prepare_threshold=0) as c:            # extended protocol only: served
+        assert c.execute("select %s::int + 1", (41,), prepare=True).fetchone()[0] == 42
+    with b.connect() as c:
+        with pytest.raises(psycopg.OperationalError, match="PQexec disallowed"):
+            c.execute("select 1")                        # no parameters: a Query message
+    assert b.admin("SHOW VERSION")                       # the console keeps the simple protocol
+
+
+def test_autodb_idle_timeout_closes_the_servers_of_an_unused_star_database(bouncer_factory, pg):
+    """p3 comes from the `*` entry: once no client used it for
+    autodb_idle_timeout its server connections close (server_idle_timeout
+    alone would keep them for an hour); p0 (listed) keeps its own; a client
+    coming back to p3 is served again."""
+    b = bouncer_factory(settings={"autodb_idle_timeout": "1s", "server_idle_timeout": 3600},
+                        databases={"p3": None, "*": f"host={pg.host} port={pg.port}"})
+
+    def servers(db):
+        return [r for r in b.admin_dicts("SHOW SERVERS") if r["database"] == db]
+
+    for db in ("p3", "p0"):
+        with b.connect(db) as c:
+            assert c.execute("select current_database()").fetchone()[0] == db
+    assert servers("p3") and servers("p0")
+    wait_until(lambda: not servers("p3"), 10 * SLOW, what="p3's servers closed")
+    assert servers("p0")
+    b.wait_log("autodb_idle_timeout")
+    with b.connect("p3") as c:
+        assert c.execute("select current_database()").fetchone()[0] == "p3"
