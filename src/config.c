@@ -46,6 +46,7 @@
  *	config_write_markdown	doc/config.md
  */
 #include "config.h"
+#include "hba.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -71,7 +72,7 @@
 #define FRAC_DIGITS	6			/* microseconds of a second */
 
 static const char *const pool_mode_names[] = { "session", "transaction", "statement", NULL };
-static const char *const auth_type_names[] = { "any", "trust", "plain", "md5", "scram-sha-256", NULL };
+static const char *const auth_type_names[] = { "any", "trust", "plain", "md5", "scram-sha-256", "cert", "hba", NULL };
 static const char *const sslmode_names[] = { "disable", "allow", "prefer", "require", "verify-ca", "verify-full", NULL };
 
 /* ---------------------------------------------------------------------------
@@ -93,11 +94,14 @@ const struct cf_setting config_settings[] = {
 		"Database auth_query runs in (empty: the database the client asked for)."),
 	STR_ROW(auth_file, NULL, true,
 		"File of `\"user\" \"secret\"` lines; a relative path is relative to the ini file's directory."),
+	STR_ROW(auth_hba_file, NULL, true,
+		"Host-based access rules used when auth_type = hba (PgBouncer's subset of pg_hba.conf; read at start and on RELOAD)."),
 	STR_ROW(auth_query, "SELECT rolname, CASE WHEN rolvaliduntil < now() THEN NULL ELSE rolpassword END "
 		"FROM pg_authid WHERE rolname=$1 AND rolcanlogin", true,
 		"Query that returns (user, secret) for a user not in auth_file, run as auth_user."),
 	ENUM_ROW(auth_type, "md5", auth_type_names,
-		 "How clients prove who they are: any, trust, plain, md5 or scram-sha-256."),
+		 "How clients prove who they are: any, trust, plain, md5, scram-sha-256, cert (TLS client certificate "
+		 "whose CN is the user name) or hba (per auth_hba_file rule)."),
 	STR_ROW(auth_user, NULL, true,
 		"User that runs auth_query (its password in auth_file); a [databases] entry's auth_user overrides it."),
 	TIME_ROW(autodb_idle_timeout, "3600", true,
@@ -149,10 +153,14 @@ const struct cf_setting config_settings[] = {
 		"File to append the log to, besides standard error; empty = none."),
 	INT_ROW(max_client_conn, "1000", 1, COUNT_MAX, true,
 		"Most client connections accepted at once."),
+	INT_ROW(max_db_client_connections, "0", 0, COUNT_MAX, true,
+		"Most client connections per database over all its users (0 = unlimited); [databases] may override it."),
 	INT_ROW(max_db_connections, "0", 0, COUNT_MAX, true,
 		"Most server connections per database over all its pools (0 = unlimited)."),
 	{ "max_message_bytes", CF_SIZE, OFF(max_message_bytes), "268435456", MSG_MIN, MSG_MAX, true, NULL,
 	  "Largest protocol message accepted from a client (PgBouncer: max_packet_size)." },
+	INT_ROW(max_user_client_connections, "0", 0, COUNT_MAX, true,
+		"Most client connections per user over all its databases (0 = unlimited); [users] may override it."),
 	INT_ROW(max_user_connections, "0", 0, COUNT_MAX, true,
 		"Most server connections per user over all its pools (0 = unlimited)."),
 	INT_ROW(min_pool_size, "0", 0, COUNT_MAX, true,
@@ -181,6 +189,9 @@ const struct cf_setting config_settings[] = {
 		"Query that checks an idle server connection still works before it is reused."),
 	TIME_ROW(server_connect_timeout, "15", true,
 		 "Give up connecting to and logging in to a server after this long."),
+	BOOL_ROW(server_fast_close, "0", true,
+		 "In session mode, close a server connection that RECONNECT or a RELOAD changing its database marked, "
+		 "at the end of its current transaction instead of when its client leaves."),
 	TIME_ROW(server_idle_timeout, "600", true,
 		 "Close server connections idle in the pool for longer than this (0 = never)."),
 	TIME_ROW(server_lifetime, "3600", true,
@@ -228,6 +239,8 @@ const struct cf_setting config_settings[] = {
 		"TCP_KEEPINTVL: seconds between keepalive probes (0 = OS default)."),
 	STR_ROW(track_extra_parameters, "IntervalStyle", false,
 		"Startup parameters, besides the standard ones, tracked per client and restored on each server (comma-separated)."),
+	TIME_ROW(transaction_timeout, "0", true,
+		 "Close a client whose transaction has been open for longer than this, with its server connection (0 = never)."),
 	STR_ROW(unix_socket_dir, "/tmp", false,
 		"Directory of the unix socket; empty = no unix socket."),
 	INT_ROW(unix_socket_mode, "0777", 0, SOCKET_MODE_MAX, false,
@@ -256,7 +269,6 @@ static const struct pgb_setting {
 	const char *name;
 	const char *accept[ACCEPT_MAX];
 } pgb_unsupported[] = {
-	{ "auth_hba_file", { NULL } },
 	{ "auth_ident_file", { NULL } },
 	{ "auth_ldap_options", { NULL } },
 	{ "cancel_wait_timeout", { "10" } },
@@ -266,22 +278,18 @@ static const struct pgb_setting {
 	{ "conffile", { NULL } },
 	{ "dns_zone_check_period", { "0" } },
 	{ "job_name", { "pgbouncer" } },
-	{ "max_db_client_connections", { "0" } },
 	{ "max_prepared_statements", { "0", "200" } },
-	{ "max_user_client_connections", { "0" } },
 	{ "peer_id", { "0" } },
 	{ "query_wait_notify", { "5" } },
 	{ "resolv_conf", { NULL } },
 	{ "sbuf_loopcnt", { "5" } },
 	{ "scram_iterations", { "4096" } },
-	{ "server_fast_close", { "0" } },
 	{ "server_round_robin", { "0" } },
 	{ "server_tls13_ciphers", { NULL } },
 	{ "service_name", { "pgbouncer" } },
 	{ "tcp_defer_accept", { "0", "1" } },
 	{ "tcp_socket_buffer", { "0" } },
 	{ "tcp_user_timeout", { "0" } },
-	{ "transaction_timeout", { "0" } },
 	{ "unix_socket_group", { NULL } },
 	{ "user", { NULL } },
 	{ NULL, { NULL } }
@@ -319,6 +327,8 @@ static const struct conn_key db_keys[] = {
 	{ "pool_mode", KEY_POOL_MODE, DB(pool_mode), "pool_mode", "Pool mode for this database." },
 	{ "max_db_connections", KEY_COUNT, DB(max_db_connections), "max_db_connections",
 	  "Most server connections for this database over all its pools (0 = unlimited)." },
+	{ "max_db_client_connections", KEY_COUNT, DB(max_db_client_connections), "max_db_client_connections",
+	  "Most client connections for this database over all its users (0 = unlimited)." },
 	{ "connect_query", KEY_STR, DB(connect_query), "", "Query run on every new server connection." },
 	{ "client_encoding", KEY_STR, DB(client_encoding), "", "client_encoding sent to the server at connect." },
 	{ "datestyle", KEY_STR, DB(datestyle), "", "DateStyle sent to the server at connect." },
@@ -335,14 +345,15 @@ static const struct conn_key user_keys[] = {
 	{ "pool_size", KEY_COUNT, USR(pool_size), "default_pool_size", "Server connections per database for this user." },
 	{ "max_user_connections", KEY_COUNT, USR(max_user_connections), "max_user_connections",
 	  "Most server connections for this user over all its pools (0 = unlimited)." },
+	{ "max_user_client_connections", KEY_COUNT, USR(max_user_client_connections), "max_user_client_connections",
+	  "Most client connections for this user over all its databases (0 = unlimited)." },
 	{ NULL, KEY_STR, 0, NULL, NULL }
 };
 
 /* Connection-string options PgBouncer knows that we do not implement. */
 static const char *const pgb_conn_unsupported[] = {
 	"auth_dbname", "auth_query", "client_idle_timeout", "idle_transaction_timeout",
-	"load_balance_hosts", "max_db_client_connections", "max_user_client_connections",
-	"query_timeout", "query_wait_timeout", "server_lifetime", "transaction_timeout", NULL
+	"load_balance_hosts", "query_timeout", "query_wait_timeout", "server_lifetime", "transaction_timeout", NULL
 };
 
 /* Database names taken by the admin console. */
@@ -838,6 +849,7 @@ void config_free(struct lk_config *cf)
 	free(cf->users);
 	free(cf->auth);
 	free(cf->raw);
+	hba_free(cf->hba);
 	free(cf->path);
 	free(cf);
 }
@@ -1180,7 +1192,8 @@ static bool load_database(struct loader *ld, const char *section, const char *ke
 {
 	struct lk_config *cf = ld->cf;
 	struct db_conf d = { .port = DEFAULT_DB_PORT, .pool_size = -1, .min_pool_size = -1,
-			     .reserve_pool_size = -1, .pool_mode = -1, .max_db_connections = -1 };
+			     .reserve_pool_size = -1, .pool_mode = -1, .max_db_connections = -1,
+			     .max_db_client_connections = -1 };
 	char what[REASON_LEN];
 	struct db_conf *grown;
 	int i;
@@ -1222,7 +1235,8 @@ fail:
 static bool load_user(struct loader *ld, const char *section, const char *key, const char *value)
 {
 	struct lk_config *cf = ld->cf;
-	struct user_conf u = { .pool_mode = -1, .pool_size = -1, .max_user_connections = -1 };
+	struct user_conf u = { .pool_mode = -1, .pool_size = -1, .max_user_connections = -1,
+			       .max_user_client_connections = -1 };
 	char what[REASON_LEN];
 	struct user_conf *grown;
 	int i;
@@ -1475,6 +1489,24 @@ static bool auth_load(struct loader *ld)
 	return ok;
 }
 
+/* Read auth_hba_file (needed by auth_type = hba) into cf->hba. */
+static bool hba_file_load(struct lk_config *cf, char *err, size_t errlen)
+{
+	char *path;
+
+	if (!cf->auth_hba_file) {
+		if (cf->auth_type == AUTH_HBA)
+			return cf_err(err, errlen, "%s: auth_type hba needs auth_hba_file", cf->path);
+		return true;
+	}
+	path = config_file_path(cf, cf->auth_hba_file);
+	if (!path)
+		return cf_err(err, errlen, "%s: out of memory", cf->path);
+	cf->hba = hba_load(path, err, errlen);
+	free(path);
+	return cf->hba != NULL;
+}
+
 /* ---------------------------------------------------------------------------
  * config_load
  * ------------------------------------------------------------------------- */
@@ -1517,7 +1549,7 @@ struct lk_config *config_load(const char *path, char *err, size_t errlen)
 	fclose(ld.f);
 	ld.f = NULL;
 	free(ld.long_value);
-	ok = ok && auth_load(&ld);
+	ok = ok && auth_load(&ld) && hba_file_load(ld.cf, err, errlen);
 	free(ld.line);
 	if (ok)
 		return ld.cf;

@@ -178,6 +178,8 @@ struct client {
 	bool throttled;			/* reading paused because the server's output is full */
 	/* authentication */
 	int auth_step;			/* 0 none, 1 cleartext/md5 sent, 2 SASL started, 3 SASL continue */
+	int auth_type;			/* enum auth_type this client logs in with (auth_type, or its hba rule's) */
+	bool own_user;			/* console user "pgbouncer" of lokadb's own OS user on the unix socket */
 	uint8_t md5_salt[4];
 	struct scram_server *scram;
 	char *secret;			/* copy of its auth_file secret (reloads free the config) */
@@ -417,6 +419,9 @@ void pool_kill(struct lk_db *db);
 void pool_resume(struct lk_db *db);
 bool pool_is_paused(const struct pool *p);
 int pool_active_servers(struct lk_db *db);
+int pool_db_client_limit(const struct lk_db *db);	/* max_db_client_connections in force (0: none) */
+int pool_user_client_limit(const char *user);		/* max_user_client_connections in force (0: none) */
+void pool_client_counts(const struct lk_db *db, const char *user, int *n_db, int *n_user);
 void pool_free_all(void);
 
 /* admin.c */
@@ -504,6 +509,7 @@ struct ssl_st *tls_client_new(void);
 const char *tls_describe(struct bufferevent *bev, char *buf, size_t len);
 const char *tls_error(struct bufferevent *bev, char *buf, size_t len);
 bool tls_handshake_done(struct bufferevent *bev);
+bool tls_peer_cn(struct bufferevent *bev, char *buf, size_t len);	/* CN of a verified client certificate */
 void tls_free_all(void);
 bool tls_server_check(const struct lk_config *cf, void **ctx, char *err, size_t errlen);
 void tls_server_apply(void *ctx);

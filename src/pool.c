@@ -643,6 +643,36 @@ int pool_active_servers(struct lk_db *db)
 	return n;
 }
 
+/* ---- client connection limits (max_db/user_client_connections) ---- */
+
+int pool_db_client_limit(const struct lk_db *db)
+{
+	int n = db ? db->conf.max_db_client_connections : -1;
+	return n >= 0 ? n : rt->cf->max_db_client_connections;
+}
+
+int pool_user_client_limit(const char *user)
+{
+	const struct user_conf *u = config_find_user(rt->cf, user);
+	return u && u->max_user_client_connections >= 0 ? u->max_user_client_connections :
+	       rt->cf->max_user_client_connections;
+}
+
+/* Logged-in clients of database `db` (any user) and of `user` (any database). */
+void pool_client_counts(const struct lk_db *db, const char *user, int *n_db, int *n_user)
+{
+	struct pool *p;
+
+	*n_db = *n_user = 0;
+	TAILQ_FOREACH(p, &rt->pools, entry) {
+		int n = p->n_active_cl + p->n_waiting_cl + p->n_login_cl;
+		if (p->db == db)
+			*n_db += n;
+		if (user && strcmp(p->user, user) == 0)
+			*n_user += n;
+	}
+}
+
 /* ---- reload ---- */
 
 void pool_apply_config(struct lk_config *old)
