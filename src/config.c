@@ -350,10 +350,11 @@ static const struct conn_key user_keys[] = {
 	{ NULL, KEY_STR, 0, NULL, NULL }
 };
 
-/* Connection-string options PgBouncer knows that we do not implement. */
+/* Connection-string options PgBouncer knows that we do not implement (in [databases] or [users]). */
 static const char *const pgb_conn_unsupported[] = {
 	"auth_dbname", "auth_query", "client_idle_timeout", "idle_transaction_timeout",
-	"load_balance_hosts", "query_timeout", "query_wait_timeout", "server_lifetime", "transaction_timeout", NULL
+	"load_balance_hosts", "query_timeout", "query_wait_timeout", "reserve_pool_size", "server_lifetime",
+	"transaction_timeout", NULL
 };
 
 /* Database names taken by the admin console. */

@@ -735,6 +735,30 @@ void pool_apply_config(struct lk_config *old)
 
 /* ---- janitor ---- */
 
+/*
+ * Close a client and the server it is linked to, both for `reason`, as
+ * PgBouncer's disconnect_server() does: each logs "closing because: REASON"
+ * and the client gets it as a FATAL error.
+ */
+static void close_pair(struct client *c, const char *sqlstate, const char *reason)
+{
+	struct server *s = c->link;
+
+	if (s) {
+		c->link = NULL;
+		s->link = NULL;
+		server_close(s, "%s", reason);
+	}
+	client_close(c, sqlstate, "%s", reason);
+}
+
+/* transaction_timeout: the client's transaction (or lone statement) has been open too long. */
+static bool xact_too_long(const struct server *s, usec_t now)
+{
+	usec_t limit = rt->cf->transaction_timeout;
+	return limit > 0 && s->in_xact && now - s->xact_start > limit;
+}
+
 static void janitor_clients(struct pool *p, usec_t now)
 {
 	struct client *c, *tmp;
@@ -751,12 +775,16 @@ static void janitor_clients(struct pool *p, usec_t now)
 		usec_t idle = now - c->request_time;
 		if (s && s->pend.count) {
 			if (cf->query_timeout > 0 && now - s->query_start > cf->query_timeout)
-				client_close(c, "57014", "query timeout");
+				close_pair(c, "57014", "query timeout");
+			else if (xact_too_long(s, now))
+				close_pair(c, "25P04", "transaction timeout");
 			continue;	/* a query is running */
 		}
 		if (s && s->txn_status != 'I' && cf->idle_transaction_timeout > 0 && idle > cf->idle_transaction_timeout &&
 		    !s->pend.count)
-			client_close(c, "25P03", "idle transaction timeout");
+			close_pair(c, "25P03", "idle transaction timeout");
+		else if (s && xact_too_long(s, now))
+			close_pair(c, "25P04", "transaction timeout");
 		else if (cf->client_idle_timeout > 0 && idle > cf->client_idle_timeout && (!s || s->ready))
 			client_close(c, "57P05", "client_idle_timeout");
 	}
@@ -766,6 +794,17 @@ static void janitor_servers(struct pool *p, usec_t now)
 {
 	struct server *s, *tmp;
 	const struct lk_config *cf = rt->cf;
+
+	/*
+	 * server_fast_close: a session-mode server marked by RECONNECT or a
+	 * RELOAD goes at the end of its transaction, and its client with it
+	 * (so the client notices that its session was cut), as in PgBouncer.
+	 */
+	TAILQ_FOREACH_SAFE(s, &p->active_servers, entry, tmp) {
+		if (cf->server_fast_close && pool_mode_of(p) == POOL_SESSION && s->close_needed && s->ready &&
+		    s->link && !s->link->fwd_remaining)
+			close_pair(s->link, "57P01", "database configuration changed");
+	}
 
 	TAILQ_FOREACH_SAFE(s, &p->idle_servers, entry, tmp) {
 		if (server_expired(s))
