@@ -435,6 +435,7 @@ bool admin_db_disabled(const struct lk_db *db);	/* console DISABLE db */
 void runtime_init(void);
 bool runtime_open_listeners(void);
 void runtime_apply_log_settings(void);
+void runtime_raise_nofile(void);
 bool runtime_setup_events(void);
 void runtime_teardown(void);
 bool lokadb_reload(char *err, size_t errlen);
