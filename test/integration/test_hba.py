@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from lokadb_harness import SLOW, USERS, Wire, assert_error, assert_serves
+from lokadb_harness import SLOW, USERS, Wire, assert_error, assert_serves, wait_until
 from test_tls import certs, tls_settings  # noqa: F401 -- the module's certificate fixture
 
 AUTH_CLEARTEXT_REQUEST = 3
@@ -172,3 +172,18 @@ def test_console_user_pgbouncer_of_the_same_os_user_needs_no_password_on_the_uni
     # over TCP the name gets no such favour
     err = b.login_error("pgbouncer", "pgbouncer", "x")
     assert err.sqlstate in ("28P01", "28000"), err.fields
+
+
+def test_auth_type_cert_logs_in_by_the_client_certificate_cn(bouncer_factory, certs):  # noqa: F811
+    b = bouncer_factory(start=False, settings=tls_settings(
+        certs, "verify-ca", client_tls_ca_file=str(certs / "ca.pem"), auth_type="cert"))
+    b.tls_client_cert = (str(certs / "client.pem"), str(certs / "client.key"))   # CN=trustuser
+    b.start(wait=False)     # the harness's console login (as admin) cannot pass: wait by a client login
+
+    def served():
+        try:
+            return b.login("p0", "trustuser").scalar("select current_user")
+        except (ConnectionError, OSError):
+            return None
+    assert wait_until(served, 10 * SLOW, what="lokadb to serve a certificate login") == "trustuser"
+    assert_error(b.login_error("p0", "md5user"), "28000", 'certificate authentication failed for user "md5user"')

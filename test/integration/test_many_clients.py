@@ -6,7 +6,7 @@ RLIMIT_NOFILE to what that needs (started here under a soft limit of 256)."""
 import resource
 import time
 
-from lokadb_harness import SLOW, PgError, Wire, assert_error, parse_error_fields, startup_packet
+from lokadb_harness import PgError, Wire, assert_error, parse_error_fields, startup_packet
 
 CLIENTS = 1000          # lokadb's default max_client_conn
 LOW_SOFT_LIMIT = 256

@@ -4,12 +4,14 @@
 phrases and errors PgBouncer users look for, an empty pidfile, and every
 PgBouncer 1.24 setting name either accepted or refused as not supported."""
 
+import shutil
+import subprocess
 import time
+from pathlib import Path
 
-import psycopg
 import pytest
 
-from lokadb_harness import SLOW, USERS, PgError, assert_error, assert_serves, parse_error_fields
+from lokadb_harness import SLOW, PgError, assert_error, assert_serves, parse_error_fields, wait_until
 
 # [pgbouncer] settings of PgBouncer 1.24/1.25 (its main.c table, WIN32-only
 # service_name included).
@@ -154,7 +156,6 @@ def test_transaction_timeout_closes_a_client_whose_transaction_runs_too_long(bou
     b.wait_log(r"C-\d+: p0/trustuser@\S+ closing because: transaction timeout")
     b.wait_log(r"S-\d+: p0/trustuser@\S+ closing because: transaction timeout")
     # the server connection went with it (PostgreSQL rolled back), and the pool serves again
-    from lokadb_harness import wait_until
     wait_until(lambda: not pg.backend_alive(pid), 5 * SLOW, what="the timed-out backend to end")
     assert_serves(b)
 
@@ -196,7 +197,6 @@ def test_server_fast_close_ends_a_session_after_its_transaction_on_reconnect(bou
     assert err is not None
     assert_error(err, "57P01", "database configuration changed")
     b.wait_log(r"S-\d+: p0/trustuser@\S+ closing because: database configuration changed")
-    from lokadb_harness import wait_until
     wait_until(lambda: not pg.backend_alive(pid), 5 * SLOW, what="the old server connection to close")
     with b.connect("p0") as c:                      # a new session gets a new server connection
         assert c.execute("select pg_backend_pid()").fetchone()[0] != pid
@@ -269,3 +269,30 @@ def test_every_pgbouncer_connection_option_is_accepted_or_refused_as_not_support
         if f'option "{opt}" {NOT_SUPPORTED}' not in out:
             wrong.append((opt, out.strip()[-200:]))
     assert not wrong, wrong
+
+
+# ------------------------------------------------------------------- systemd --
+
+def test_the_systemd_unit_matches_how_lokadb_runs(tmp_path):
+    unit = (Path(__file__).resolve().parents[2] / "etc" / "lokadb.service").read_text()
+    keys = {}
+    for line in unit.splitlines():
+        if line and not line.startswith(("#", "[")) and "=" in line:
+            k, v = line.split("=", 1)
+            keys[k.strip()] = v.strip()
+    from lokadb_harness import default_bin
+    binary = default_bin()
+    # no sd_notify in lokadb: Type=notify would hang the start
+    symbols = subprocess.run(["nm", "-D", binary], capture_output=True, text=True).stdout
+    assert "sd_notify" not in symbols
+    assert keys["Type"] in ("simple", "exec", "forking"), keys["Type"]
+    if keys["Type"] == "forking":
+        assert " -d " in keys["ExecStart"] and "PIDFile" in keys
+    else:
+        assert " -d " not in keys["ExecStart"]
+    assert keys["ExecReload"] == "/bin/kill -HUP $MAINPID"
+    if shutil.which("systemd-analyze"):
+        local = tmp_path / "lokadb.service"
+        local.write_text(unit.replace("/usr/local/bin/lokadb", binary))
+        r = subprocess.run(["systemd-analyze", "verify", str(local)], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
