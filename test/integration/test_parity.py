@@ -202,6 +202,19 @@ def test_server_fast_close_ends_a_session_after_its_transaction_on_reconnect(bou
         assert c.execute("select pg_backend_pid()").fetchone()[0] != pid
 
 
+def test_server_fast_close_applies_to_a_reload_that_changes_the_database_entry(bouncer_factory):
+    b = bouncer_factory(settings={"server_fast_close": 1, "pool_mode": "session"})
+    w = b.login("p0", timeout=8)
+    assert w.scalar("select current_database()") == "p0"
+    b.write_ini(databases={"p0": b.server("p1")})
+    b.admin("RELOAD")
+    err = read_until_error_or_close(w, 3)          # idle outside a transaction: closed at once
+    assert err is not None
+    assert_error(err, "57P01", "database configuration changed")
+    with b.connect("p0") as c:
+        assert c.execute("select current_database()").fetchone()[0] == "p1"
+
+
 def test_without_server_fast_close_a_session_keeps_its_server_after_reconnect(bouncer_factory):
     b = bouncer_factory(settings={"pool_mode": "session"})
     w = b.login("p0", timeout=8)
