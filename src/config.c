@@ -794,6 +794,22 @@ static bool not_a_setting(const char *name, char *err, size_t errlen)
 	return cf_err(err, errlen, "unknown setting \"%s\"", name);
 }
 
+/*
+ * What SET must refuse beyond the value itself: a new auth_hba_file (only the
+ * loader reads the file; a SET would change the name, not the rules), and
+ * auth_type = hba without loaded rules would refuse every login, the
+ * console's included.
+ */
+static bool set_allowed(const struct lk_config *cf, const struct cf_setting *s, const char *value,
+			char *err, size_t errlen)
+{
+	if (s->offset == OFF(auth_hba_file) && strcmp(value, cf->auth_hba_file ? cf->auth_hba_file : "") != 0)
+		return cf_err(err, errlen, "setting \"auth_hba_file\" is read with the ini file: change it there and RELOAD");
+	if (s->offset == OFF(auth_type) && strcasecmp(value, "hba") == 0 && !cf->hba)
+		return cf_err(err, errlen, "auth_type hba needs auth_hba_file: set it in the ini file and RELOAD");
+	return true;
+}
+
 bool config_set(struct lk_config *cf, const char *name, const char *value, char *err, size_t errlen)
 {
 	const struct cf_setting *s = config_find(name);
@@ -804,6 +820,8 @@ bool config_set(struct lk_config *cf, const char *name, const char *value, char 
 		return not_a_setting(name, err, errlen);
 	if (!s->reloadable)
 		return cf_err(err, errlen, "setting \"%s\" cannot be changed at run time; restart lokadb", s->name);
+	if (!set_allowed(cf, s, value, err, errlen))
+		return false;
 	return setting_store(cf, s, value, err, errlen);
 }
 

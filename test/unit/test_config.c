@@ -786,6 +786,16 @@ static bool test_hba_file(void)
 	CHECK(cf->max_db_client_connections == 7 && cf->max_user_client_connections == 8);
 	CHECK(cf->dbs[0].max_db_client_connections == 3);
 	CHECK(cf->users[0].max_user_client_connections == 4);
+	CHECK(!config_set(cf, "auth_hba_file", "other.conf", fx.err, sizeof(fx.err)));
+	CHECK(strstr(fx.err, "change it there and RELOAD") != NULL);
+	CHECK(config_set(cf, "auth_type", "md5", fx.err, sizeof(fx.err)));
+	CHECK(config_set(cf, "auth_type", "hba", fx.err, sizeof(fx.err)));	/* the rules are loaded */
+	config_free(cf);
+	cf = fx_load(&fx, "[pgbouncer]\nauth_type = md5\n");
+	CHECK(cf);
+	CHECK(!config_set(cf, "auth_type", "HBA", fx.err, sizeof(fx.err)));
+	CHECK_STR(fx.err, "auth_type hba needs auth_hba_file: set it in the ini file and RELOAD");
+	CHECK(cf->auth_type == AUTH_MD5);
 end:
 	config_free(cf);
 	fx_done(&fx);
