@@ -10,15 +10,16 @@
  *	hostssl    DATABASE USER ADDRESS METHOD
  *	hostnossl  DATABASE USER ADDRESS METHOD
  *
- * DATABASE and USER are comma-separated lists of names, `all`, or (database
- * only) `sameuser`; a name in double quotes ("" for a quote) is taken
+ * DATABASE and USER are comma-separated lists of names, `all`, (database
+ * only) `sameuser`, or `@FILE` for the names in FILE (relative to the rules
+ * file's directory); a name in double quotes ("" for a quote) is taken
  * literally, so "all" names a database called all. ADDRESS is `all`, an
  * IPv4/IPv6 address with a /CIDR length, or an address followed by a mask
  * field. METHOD is trust, reject, md5, scram-sha-256, password, cert or peer.
  * `#` starts a comment.
  *
  * What PostgreSQL has and PgBouncer does not (replication, samerole,
- * samegroup, +role, @file, samehost/samenet, host names, other methods,
+ * samegroup, +role, samehost/samenet, host names, other methods,
  * NAME=VALUE options) is refused with the line number, so a file either
  * loads whole or not at all: a RELOAD with a bad file keeps the old rules.
  *
@@ -33,6 +34,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <stdarg.h>
@@ -40,9 +42,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define HBA_REASON_LEN 256
 #define HBA_FILE_MAX (16 * 1024 * 1024)	/* a larger file is surely a mistake */
+#define HBA_READ_CHUNK 4096
+#define HBA_INCLUDE_DEPTH 8			/* @file inside @file ... */
 
 /* One lexical token of a line: a word (maybe quoted) or a comma. */
 struct hba_tok {
@@ -54,6 +60,9 @@ struct hba_line {
 	struct hba_tok *t;
 	int n, cap, pos;
 	int lineno;
+	const char *dir;	/* directory of the rules file: @file names are relative to it */
+	int depth;		/* @file nesting */
+	bool why_located;	/* why already names the name file and line at fault */
 	char why[HBA_REASON_LEN];
 };
 
@@ -97,6 +106,56 @@ const char *hba_method_name(enum hba_method m)
 			return method_words[i].name;
 	}
 	return "?";
+}
+
+/*
+ * The whole of a regular file as a NUL-terminated string (malloc'ed; the
+ * caller frees it), or NULL with a reason in why. Devices and FIFOs are
+ * refused, so that a name like /dev/stdin cannot block the loader.
+ */
+static char *slurp(const char *path, char *why, size_t whylen)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	char *text = NULL, *grown;
+	size_t cap = 0, len = 0;
+	struct stat st;
+	ssize_t got;
+
+	if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+		snprintf(why, whylen, "could not open \"%s\": %s", path, fd < 0 ? strerror(errno) : "not a regular file");
+		goto fail;
+	}
+	do {
+		if (len + HBA_READ_CHUNK + 1 > cap) {
+			grown = cap < HBA_FILE_MAX ? realloc(text, cap ? cap * 2 : 2 * HBA_READ_CHUNK) : NULL;
+			if (!grown) {
+				snprintf(why, whylen, "\"%s\" is too large", path);
+				goto fail;
+			}
+			text = grown;
+			cap = cap ? cap * 2 : 2 * HBA_READ_CHUNK;
+		}
+		got = read(fd, text + len, HBA_READ_CHUNK);
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got < 0) {
+			snprintf(why, whylen, "could not read \"%s\": %s", path, strerror(errno));
+			goto fail;
+		}
+		len += (size_t)got;
+	} while (got > 0);
+	text[len] = '\0';
+	if (strlen(text) != len) {
+		snprintf(why, whylen, "\"%s\" contains a NUL byte", path);
+		goto fail;
+	}
+	close(fd);
+	return text;
+fail:
+	if (fd >= 0)
+		close(fd);
+	free(text);
+	return NULL;
 }
 
 /* ---------------------------------------------------------------------------
@@ -182,6 +241,7 @@ static void line_clear(struct hba_line *ln)
 		free(ln->t[i].text);
 	ln->n = ln->pos = 0;
 	ln->why[0] = '\0';
+	ln->why_located = false;
 }
 
 /* ---------------------------------------------------------------------------
@@ -232,6 +292,45 @@ static bool names_add(struct hba_line *ln, struct hba_names *hn, const char *nam
 	return true;
 }
 
+static bool parse_name(struct hba_line *ln, struct hba_names *hn, const struct hba_tok *t, bool is_db);
+
+/* "@FILE": every name in FILE, separated by blanks, commas or newlines; "#" comments. */
+static bool include_names(struct hba_line *ln, struct hba_names *hn, const char *file, bool is_db)
+{
+	struct hba_line sub = { .dir = ln->dir, .depth = ln->depth + 1 };
+	char path[4096], *text, *p, *nl;
+	bool ok = true;
+
+	if (!*file)
+		return line_fail(ln, "missing file name after \"@\"");
+	if (ln->depth >= HBA_INCLUDE_DEPTH)
+		return line_fail(ln, "name files nested too deeply at \"@%s\"", file);
+	snprintf(path, sizeof(path), "%s%s%s", file[0] == '/' || !ln->dir ? "" : ln->dir,
+		 file[0] == '/' || !ln->dir ? "" : "/", file);
+	text = slurp(path, ln->why, sizeof(ln->why));
+	if (!text)
+		return false;
+	for (p = text; ok && p; p = nl ? nl + 1 : NULL) {
+		nl = strchr(p, '\n');
+		if (nl)
+			*nl = '\0';
+		line_clear(&sub);
+		sub.lineno++;
+		ok = lex_line(&sub, p);
+		for (int i = 0; ok && i < sub.n; i++)
+			ok = !sub.t[i].text || parse_name(&sub, hn, &sub.t[i], is_db);
+	}
+	if (!ok && sub.why_located)
+		memcpy(ln->why, sub.why, sizeof(ln->why));	/* the innermost file and line only */
+	else if (!ok)
+		line_fail(ln, "%s:%d: %s", path, sub.lineno, sub.why);
+	ln->why_located = !ok;
+	line_clear(&sub);
+	free(sub.t);
+	free(text);
+	return ok;
+}
+
 /* One item of a DATABASE or USER list. */
 static bool parse_name(struct hba_line *ln, struct hba_names *hn, const struct hba_tok *t, bool is_db)
 {
@@ -252,7 +351,7 @@ static bool parse_name(struct hba_line *ln, struct hba_names *hn, const struct h
 	if (!t->quoted && t->text[0] == '+')
 		return line_fail(ln, "role membership (\"%s\") is not supported", t->text);
 	if (!t->quoted && t->text[0] == '@')
-		return line_fail(ln, "name files (\"%s\") are not supported", t->text);
+		return include_names(ln, hn, t->text + 1, is_db);
 	if (!*t->text)
 		return line_fail(ln, "empty %s name", is_db ? "database" : "user");
 	return names_add(ln, hn, t->text);
@@ -439,9 +538,12 @@ struct hba *hba_parse(const char *text, const char *name, char *err, size_t errl
 {
 	struct hba *h = calloc(1, sizeof(*h));
 	struct hba_line ln = { .lineno = 0 };
-	char *copy = strdup(text), *p = copy, *nl;
-	bool ok = h && copy;
+	char *copy = strdup(text), *p = copy, *nl, *dir = strdup(name), *slash = dir ? strrchr(dir, '/') : NULL;
+	bool ok = h && copy && dir;
 
+	if (slash)
+		*slash = '\0';
+	ln.dir = slash ? (*dir ? dir : "/") : NULL;
 	if (!ok)
 		snprintf(err, errlen, "%s: out of memory", name);
 	while (ok && p && *p) {
@@ -457,6 +559,7 @@ struct hba *hba_parse(const char *text, const char *name, char *err, size_t errl
 	line_clear(&ln);
 	free(ln.t);
 	free(copy);
+	free(dir);
 	if (ok)
 		return h;
 	hba_free(h);
@@ -465,40 +568,16 @@ struct hba *hba_parse(const char *text, const char *name, char *err, size_t errl
 
 struct hba *hba_load(const char *path, char *err, size_t errlen)
 {
-	FILE *f = fopen(path, "r");
-	char *text = NULL;
-	size_t cap = 0, len = 0, got;
-	struct hba *h = NULL;
+	char why[HBA_REASON_LEN];
+	char *text = slurp(path, why, sizeof(why));
+	struct hba *h;
 
-	if (!f) {
-		snprintf(err, errlen, "%s: could not open auth_hba_file: %s", path, strerror(errno));
+	if (!text) {
+		snprintf(err, errlen, "%s: auth_hba_file: %s", path, why);
 		return NULL;
 	}
-	do {
-		if (len + 4096 + 1 > cap) {
-			char *grown = cap < HBA_FILE_MAX ? realloc(text, cap = cap ? cap * 2 : 8192) : NULL;
-			if (!grown) {
-				snprintf(err, errlen, "%s: file too large or out of memory", path);
-				goto end;
-			}
-			text = grown;
-		}
-		got = fread(text + len, 1, 4096, f);
-		len += got;
-	} while (got > 0);
-	if (ferror(f)) {
-		snprintf(err, errlen, "%s: could not read: %s", path, strerror(errno));
-		goto end;
-	}
-	if (memchr(text, '\0', len)) {
-		snprintf(err, errlen, "%s: the file contains a NUL byte", path);
-		goto end;
-	}
-	text[len] = '\0';
 	h = hba_parse(text, path, err, errlen);
-end:
 	free(text);
-	fclose(f);
 	return h;
 }
 

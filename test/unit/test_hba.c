@@ -144,7 +144,9 @@ static bool test_errors(void)
 		{ "\nlocal replication all peer\n", "t:2: \"replication\" is not supported" },
 		{ "local samerole all trust\n", "t:1: \"samerole\" is not supported" },
 		{ "local all +admins trust\n", "t:1: role membership (\"+admins\") is not supported" },
-		{ "local all @users.txt trust\n", "t:1: name files" },
+		{ "local all @/nonexistent/users.txt trust\n", "t:1: could not open \"/nonexistent/users.txt\"" },
+		{ "local all @/dev/null trust\n", "t:1: could not open \"/dev/null\": not a regular file" },
+		{ "local all @ trust\n", "t:1: missing file name after \"@\"" },
 		{ "host all all db.example.com trust\n", "t:1: invalid IP address \"db.example.com\" (host names" },
 		{ "host all all 10.0.0.0/33 trust\n", "t:1: invalid CIDR mask \"/33\"" },
 		{ "host all all ::1/129 trust\n", "t:1: invalid CIDR mask \"/129\"" },
@@ -192,14 +194,72 @@ static bool test_load_file(void)
 	CHECK(strncmp(err, path, strlen(path)) == 0);
 	h = hba_load("/nonexistent/hba.conf", err, sizeof(err));
 	CHECK(!h);
-	CHECK(strstr(err, "could not open auth_hba_file") != NULL);
+	CHECK(strstr(err, "auth_hba_file: could not open \"/nonexistent/hba.conf\"") != NULL);
 end:
 	hba_free(h);
 	unlink(path);
 	return ok;
 }
 
+static bool write_file(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+
+	if (!f)
+		return false;
+	fputs(text, f);
+	return fclose(f) == 0;
+}
+
+/* @FILE: names from a file next to the rules file, nested, with its errors' file and line. */
+static bool test_name_files(void)
+{
+	char dir[] = "/tmp/lokadb-hba-XXXXXX", path[256], err[ERR_LEN] = "";
+	struct hba *h = NULL;
+	int line;
+	bool ok = true;
+
+	CHECK(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/users", dir);
+	CHECK(write_file(path, "# staff\nalice, bob\n\"carol x\" @more\n"));
+	snprintf(path, sizeof(path), "%s/more", dir);
+	CHECK(write_file(path, "dave\n"));
+	snprintf(path, sizeof(path), "%s/hba.conf", dir);
+	CHECK(write_file(path, "host all @users 127.0.0.1/32 md5\nhost all all 127.0.0.1/32 reject\n"));
+	h = hba_load(path, err, sizeof(err));
+	CHECK(h);
+	CHECK_STR(eval(h, "127.0.0.1", false, "d", "bob", &line), "md5");
+	CHECK_STR(eval(h, "127.0.0.1", false, "d", "carol x", &line), "md5");
+	CHECK_STR(eval(h, "127.0.0.1", false, "d", "dave", &line), "md5");
+	CHECK_STR(eval(h, "127.0.0.1", false, "d", "eve", &line), "reject");
+	hba_free(h);
+	h = NULL;
+	snprintf(path, sizeof(path), "%s/more", dir);
+	CHECK(write_file(path, "dave\n+admins\n"));
+	snprintf(path, sizeof(path), "%s/hba.conf", dir);
+	h = hba_load(path, err, sizeof(err));
+	CHECK(!h);
+	CHECK(strstr(err, "hba.conf:1: ") && strstr(err, "/more:2: role membership"));	/* the innermost place */
+	snprintf(path, sizeof(path), "%s/more", dir);
+	CHECK(write_file(path, "@more\n"));		/* includes itself */
+	snprintf(path, sizeof(path), "%s/hba.conf", dir);
+	h = hba_load(path, err, sizeof(err));
+	CHECK(!h);
+	if (!strstr(err, "name files nested too deeply"))
+		fprintf(stderr, "  error was: %s\n", err);
+	CHECK(strstr(err, "name files nested too deeply") != NULL);
+end:
+	hba_free(h);
+	for (const char *const *f = (const char *const[]){ "users", "more", "hba.conf", NULL }; *f; f++) {
+		snprintf(path, sizeof(path), "%s/%s", dir, *f);
+		unlink(path);
+	}
+	rmdir(dir);
+	return ok;
+}
+
 static const struct unit_case cases[] = {
+	{ "name files", test_name_files },
 	{ "matching", test_match },
 	{ "first match wins, no match is none", test_first_match_and_no_match },
 	{ "address all and host bits", test_address_all_and_host_bits },
