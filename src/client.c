@@ -585,13 +585,15 @@ static bool hba_pick_method(struct client *c)
 	return false;
 }
 
+/*
+ * Authentication, once the startup packet is in. A client of an unknown
+ * database still authenticates (against auth_file only), as in PgBouncer
+ * 1.22+: "no such database" comes after a good password, so a wrong one
+ * cannot probe which databases exist (client_login_done()).
+ */
 static void client_auth_start(struct client *c)
 {
 	c->db = db_lookup(c->dbname, true);
-	if (!c->db && !admin_is_dbname(c->dbname)) {
-		client_close(c, "3D000", "no such database: %s", c->dbname);
-		return;
-	}
 	if (c->db && admin_db_disabled(c->db)) {	/* console DISABLE; PgBouncer's text and SQLSTATE */
 		client_close(c, "08P01", "database does not allow connections: %s", c->dbname);
 		return;
@@ -603,7 +605,7 @@ static void client_auth_start(struct client *c)
 	c->auth_type = rt->cf->auth_type;
 	if (c->auth_type == AUTH_HBA && !hba_pick_method(c))
 		return;
-	if (hook_on(LK_HOOK_AUTH_LOOKUP) && !admin_is_dbname(c->dbname)) {
+	if (hook_on(LK_HOOK_AUTH_LOOKUP) && c->db && !admin_is_dbname(c->dbname)) {
 		if (plugin_auth_lookup(c) == LK_ASYNC)
 			return;		/* c->lev: resumed by the plugin */
 		client_auth_lookup_decided(c);
@@ -886,6 +888,12 @@ static void client_login_done(struct client *c)
 		c->state = CL_ADMIN;
 		TAILQ_INSERT_TAIL(&rt->admin_clients, c, entry);
 		client_welcome(c);
+		return;
+	}
+	if (!c->db) {
+		if (rt->cf->log_connections)
+			log_info("%s login failed: db=%s user=%s", client_ident(c, ident, sizeof(ident)), c->dbname, c->user);
+		client_close(c, "3D000", "no such database: %s", c->dbname);
 		return;
 	}
 	if (!client_within_limits(c))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lokadb_harness import SLOW, PgError, assert_error, assert_serves, parse_error_fields, wait_until
+from lokadb_harness import SLOW, USERS, PgError, assert_error, assert_serves, parse_error_fields, wait_until
 
 # [pgbouncer] settings of PgBouncer 1.24/1.25 (its main.c table, WIN32-only
 # service_name included).
@@ -234,6 +234,20 @@ def test_query_timeout_logs_closing_because_query_timeout_for_client_and_server(
     assert_error(err, "57014", "query timeout")
     b.wait_log(r"S-\d+: p0/trustuser@\S+ closing because: query timeout")
     b.wait_log(r"C-\d+: p0/trustuser@\S+ closing because: query timeout")
+
+
+@pytest.mark.parametrize("auth_type,user", [("md5", "cl_md5"), ("md5", "cl_scram"), ("scram-sha-256", "cl_scram")])
+def test_an_unknown_database_is_named_only_after_a_good_password(bouncer_factory, auth_type, user):
+    b = bouncer_factory(settings={"auth_type": auth_type})
+    err = b.login_error("nosuchdb", user, "wrong")
+    assert_error(err, "28P01", "password authentication failed")
+    err = b.login_error("nosuchdb", user, USERS[user]["password"])
+    assert_error(err, "3D000", "no such database: nosuchdb")
+    b.wait_log(r"closing because: no such database: nosuchdb")
+    b.wait_log(rf"login failed: db=nosuchdb user={user}")
+    err = b.login_error("nosuchdb", "nosuchuser", "x")          # unknown user: no hint either
+    assert_error(err, "28P01", "password authentication failed")
+    assert_serves(b)
 
 
 def test_an_empty_pidfile_setting_is_accepted(bouncer_factory):
