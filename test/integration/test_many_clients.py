@@ -82,3 +82,15 @@ def test_a_thousand_clients_at_once_are_served_and_the_next_gets_53300(bouncer_f
     b.wait_log(r"closing because: no more connections allowed \(max_client_conn\)")
     assert b.alive()
     print(f"{CLIENTS} clients logged in and served in {elapsed:.1f}s")
+
+
+def test_a_hard_file_descriptor_limit_below_max_client_conn_is_logged_as_a_warning(bouncer_factory, tmp_path):
+    from lokadb_harness import default_bin
+    wrapper = tmp_path / "lokadb-low-nofile"
+    wrapper.write_text(f"#!/bin/sh\nulimit -n 300 || exit 3\nexec {default_bin()} \"$@\"\n")
+    wrapper.chmod(0o755)
+    b = bouncer_factory(binary=str(wrapper))
+    assert nofile_of(b.pid) == 300
+    b.wait_log(r"kernel file descriptor limit: 300 \(hard: 300\); max_client_conn: 1000")
+    b.wait_log(r"WARNING file descriptor limit 300 is below the \d+ that max_client_conn and the pools need")
+    assert b.login("p0").scalar("select 1") == "1"
