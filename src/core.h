@@ -320,6 +320,8 @@ struct lk_runtime {
 	struct dns_ctx *dns;
 	int n_clients;			/* all client connections, for max_client_conn */
 	bool paused;			/* global PAUSE */
+	bool accept_paused;		/* accept() ran out of descriptors: listeners off until the next janitor run */
+	usec_t accept_fail_logged;	/* monotonic: when that was last logged (repeats are suppressed) */
 	enum shutdown_mode shutdown;
 	uint64_t next_id;
 	usec_t start_time;

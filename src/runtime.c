@@ -195,12 +195,53 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
 	client_accept(fd, sa, salen, li->is_unix);
 }
 
+#define ACCEPT_FAIL_LOG_USEC (10 * USEC)	/* "accept() failed" at most this often */
+
+static bool accept_out_of_resources(int err)
+{
+	return err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM;
+}
+
+/*
+ * An accept() that failed for lack of descriptors or memory leaves the
+ * connection queued, so the listener would fire again at once and spin. As
+ * PgBouncer suspends its pooler, stop listening until the next janitor run
+ * (listeners_resume()); the queued clients wait in the kernel's backlog.
+ */
 static void accept_error_cb(struct evconnlistener *l, void *arg)
 {
 	struct listener *li = arg;
 	int err = EVUTIL_SOCKET_ERROR();
+	usec_t now = now_mono();
 	(void)l;
-	log_warning("accept on %s failed: %s", li->name, evutil_socket_error_to_string(err));
+
+	if (!accept_out_of_resources(err)) {
+		log_warning("accept on %s failed: %s", li->name, evutil_socket_error_to_string(err));
+		return;
+	}
+	if (!rt->accept_fail_logged || now - rt->accept_fail_logged > ACCEPT_FAIL_LOG_USEC) {
+		log_error("accept() failed: %s; not accepting new connections for %d ms at a time "
+			  "(see max_client_conn and the file descriptor limit)",
+			  evutil_socket_error_to_string(err), (int)(JANITOR_PERIOD_USEC / 1000));
+		rt->accept_fail_logged = now;
+	}
+	rt->accept_paused = true;
+	for (int i = 0; i < rt->n_listeners; i++) {
+		if (rt->listeners[i].l)
+			evconnlistener_disable(rt->listeners[i].l);
+	}
+}
+
+/* The janitor's turn: listen again after accept_error_cb() stopped it. */
+static void listeners_resume(void)
+{
+	if (!rt->accept_paused)
+		return;
+	rt->accept_paused = false;
+	for (int i = 0; i < rt->n_listeners; i++) {
+		if (rt->listeners[i].l)
+			evconnlistener_enable(rt->listeners[i].l);
+	}
 }
 
 static bool start_listeners(void)
@@ -396,6 +437,7 @@ static void janitor_cb(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	(void)arg;
+	listeners_resume();
 	pool_janitor();
 }
 

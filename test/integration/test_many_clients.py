@@ -94,3 +94,35 @@ def test_a_hard_file_descriptor_limit_below_max_client_conn_is_logged_as_a_warni
     b.wait_log(r"kernel file descriptor limit: 300 \(hard: 300\); max_client_conn: 1000")
     b.wait_log(r"WARNING file descriptor limit 300 is below the \d+ that max_client_conn and the pools need")
     assert b.login("p0").scalar("select 1") == "1"
+
+
+def test_running_out_of_descriptors_pauses_accepting_instead_of_spinning(bouncer_factory, tmp_path):
+    import socket
+    from lokadb_harness import default_bin, wait_until
+    raise_own_nofile(1000)
+    wrapper = tmp_path / "lokadb-low-nofile"
+    wrapper.write_text(f"#!/bin/sh\nulimit -n 200 || exit 3\nexec {default_bin()} \"$@\"\n")
+    wrapper.chmod(0o755)
+    b = bouncer_factory(binary=str(wrapper), settings={"client_login_timeout": 60})
+    socks = []
+    try:
+        for _ in range(400):            # more than lokadb's 200 descriptors; the rest wait in the backlog
+            try:
+                socks.append(socket.create_connection(("127.0.0.1", b.port), timeout=0.5))
+            except OSError:
+                break
+        b.wait_log(r"accept\(\) failed: Too many open files; not accepting new connections")
+        time.sleep(1.5)                 # several janitor runs: accepting is retried, not spun on
+        failures = [line for line in b.log().splitlines() if "accept" in line and "failed" in line]
+        assert len(failures) <= 2, f"{len(failures)} accept failures logged, e.g. {failures[-1]!r}"
+        assert b.alive()
+    finally:
+        for s in socks:
+            s.close()
+
+    def served():
+        try:
+            return b.login("p0").scalar("select 1") == "1"
+        except (OSError, AssertionError):
+            return False
+    assert wait_until(served, 10, what="lokadb to accept again once descriptors are free")
