@@ -906,8 +906,11 @@ static void client_login_done(struct client *c)
 	pool_take_scram_keys(c->pool, c);
 	if (rt->cf->application_name_add_host && c->addr.ss_family != AF_UNIX)
 		add_host_to_appname(c);
-	if (rt->cf->log_connections)
-		log_info("%s login attempt: db=%s user=%s", client_ident(c, ident, sizeof(ident)), c->dbname, c->user);
+	if (rt->cf->log_connections) {
+		char tls[128];
+		log_info("%s login attempt: db=%s user=%s tls=%s", client_ident(c, ident, sizeof(ident)), c->dbname,
+			 c->user, c->tls ? tls_describe(c->bev, tls, sizeof(tls)) : "no");
+	}
 	TAILQ_REMOVE(&rt->login_clients, c, entry);
 	c->state = CL_LOGIN;	/* transient: pool_set_client_state() puts it on its pool */
 	c->pool->stats.client_login_count++;

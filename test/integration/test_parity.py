@@ -250,6 +250,11 @@ def test_an_unknown_database_is_named_only_after_a_good_password(bouncer_factory
     assert_serves(b)
 
 
+def test_login_is_logged_as_pgbouncer_does_with_the_tls_state(bouncer):
+    bouncer.login("p1", "trustuser")
+    bouncer.wait_log(r"C-\d+: p1/trustuser@127\.0\.0\.1:\d+ login attempt: db=p1 user=trustuser tls=no\n")
+
+
 def test_an_empty_pidfile_setting_is_accepted(bouncer_factory):
     b = bouncer_factory(settings={"pidfile": ""})
     rows = {r["key"]: r for r in b.admin_dicts("SHOW CONFIG")}
