@@ -121,10 +121,13 @@ void client_close(struct client *c, const char *sqlstate, const char *fmt, ...)
 	c->closing = true;
 	if (c->hooked)
 		plugin_client_close(c);
+	/* PgBouncer's line, with the connection's age */
 	if (fmt && (rt->cf->log_disconnections || sqlstate))
-		log_info("%s closing because: %s", client_ident(c, ident, sizeof(ident)), msg);
+		log_info("%s closing because: %s (age=%llds)", client_ident(c, ident, sizeof(ident)), msg,
+			 (long long)((now_wall() - c->connect_time) / USEC));
 	else if (rt->cf->log_disconnections && c->state != CL_LOGIN)
-		log_info("%s closing because: client close request", client_ident(c, ident, sizeof(ident)));
+		log_info("%s closing because: client close request (age=%llds)", client_ident(c, ident, sizeof(ident)),
+			 (long long)((now_wall() - c->connect_time) / USEC));
 	pool_client_gone(c);
 	client_unlist(c);
 	c->state = CL_CLOSING;

@@ -328,3 +328,9 @@ def test_the_systemd_unit_matches_how_lokadb_runs(tmp_path):
         local.write_text(unit.replace("/usr/local/bin/lokadb", binary))
         r = subprocess.run(["systemd-analyze", "verify", str(local)], capture_output=True, text=True, timeout=30)
         assert r.returncode == 0, r.stderr
+
+
+def test_closing_lines_carry_the_connection_age_as_pgbouncer_does(bouncer):
+    w = bouncer.login("p2", "trustuser")
+    w.close()
+    bouncer.wait_log(r"C-\d+: p2/trustuser@\S+ closing because: client (close request|unexpected eof) \(age=\d+s\)")
