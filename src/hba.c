@@ -111,11 +111,12 @@ const char *hba_method_name(enum hba_method m)
 /*
  * The whole of a regular file as a NUL-terminated string (malloc'ed; the
  * caller frees it), or NULL with a reason in why. Devices and FIFOs are
- * refused, so that a name like /dev/stdin cannot block the loader.
+ * refused (and opened without blocking), so that a name like /dev/stdin or a
+ * FIFO cannot block the loader.
  */
 static char *slurp(const char *path, char *why, size_t whylen)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
 	char *text = NULL, *grown;
 	size_t cap = 0, len = 0;
 	struct stat st;
@@ -125,7 +126,7 @@ static char *slurp(const char *path, char *why, size_t whylen)
 		snprintf(why, whylen, "could not open \"%s\": %s", path, fd < 0 ? strerror(errno) : "not a regular file");
 		goto fail;
 	}
-	do {
+	for (;;) {
 		if (len + HBA_READ_CHUNK + 1 > cap) {
 			grown = cap < HBA_FILE_MAX ? realloc(text, cap ? cap * 2 : 2 * HBA_READ_CHUNK) : NULL;
 			if (!grown) {
@@ -142,8 +143,10 @@ static char *slurp(const char *path, char *why, size_t whylen)
 			snprintf(why, whylen, "could not read \"%s\": %s", path, strerror(errno));
 			goto fail;
 		}
+		if (got == 0)
+			break;
 		len += (size_t)got;
-	} while (got > 0);
+	}
 	text[len] = '\0';
 	if (strlen(text) != len) {
 		snprintf(why, whylen, "\"%s\" contains a NUL byte", path);
