@@ -299,7 +299,7 @@ static const struct pgb_setting {
  * [databases] and [users] option tables
  * ------------------------------------------------------------------------- */
 
-enum key_kind { KEY_STR, KEY_COUNT, KEY_PORT, KEY_POOL_MODE };
+enum key_kind { KEY_STR, KEY_COUNT, KEY_PORT, KEY_POOL_MODE, KEY_TIME };
 
 struct conn_key {
 	const char *name;
@@ -347,6 +347,14 @@ static const struct conn_key user_keys[] = {
 	  "Most server connections for this user over all its pools (0 = unlimited)." },
 	{ "max_user_client_connections", KEY_COUNT, USR(max_user_client_connections), "max_user_client_connections",
 	  "Most client connections for this user over all its databases (0 = unlimited)." },
+	{ "query_timeout", KEY_TIME, USR(query_timeout), "query_timeout",
+	  "query_timeout for this user's clients (0 = the global setting)." },
+	{ "idle_transaction_timeout", KEY_TIME, USR(idle_transaction_timeout), "idle_transaction_timeout",
+	  "idle_transaction_timeout for this user's clients (0 = the global setting)." },
+	{ "client_idle_timeout", KEY_TIME, USR(client_idle_timeout), "client_idle_timeout",
+	  "client_idle_timeout for this user's clients (0 = the global setting)." },
+	{ "transaction_timeout", KEY_TIME, USR(transaction_timeout), "transaction_timeout",
+	  "transaction_timeout for this user's clients (0 = the global setting)." },
 	{ NULL, KEY_STR, 0, NULL, NULL }
 };
 
@@ -1149,6 +1157,12 @@ static bool conn_key_set(const struct conn_key *k, void *obj, const char *val, c
 			return cf_err(why, whylen, "invalid port \"%s\": expected 1 .. %d", val, PORT_MAX);
 		*(int *)field = (int)n;
 		return true;
+	case KEY_TIME:
+		if (!scan_scaled(val, time_units, true, &n) || n < 0 || n > TIME_MAX)
+			return cf_err(why, whylen, "invalid %s \"%s\": expected a time such as 15, 1.5, 500ms or 2min",
+				      k->name, val);
+		*(usec_t *)field = n;
+		return true;
 	case KEY_COUNT:
 		if (!scan_int(val, 10, &n) || n < 0 || n > COUNT_MAX)
 			return cf_err(why, whylen, "invalid %s \"%s\": expected a non-negative integer", k->name, val);
@@ -1632,6 +1646,7 @@ static void md_unsupported(FILE *f)
 static const char *const key_kind_names[] = {
 	[KEY_STR] = "string", [KEY_COUNT] = "integer", [KEY_PORT] = "port",
 	[KEY_POOL_MODE] = "`session`, `transaction` or `statement`",
+	[KEY_TIME] = "time",
 };
 
 static void md_conn_keys(FILE *f, const struct conn_key *keys)

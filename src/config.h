@@ -81,6 +81,10 @@ struct user_conf {
 	int pool_size;		/* -1 = default */
 	int max_user_connections;	/* 0 = unlimited */
 	int max_user_client_connections;	/* -1 = the global setting */
+	usec_t query_timeout;		/* these four: 0 = the global setting */
+	usec_t idle_transaction_timeout;
+	usec_t client_idle_timeout;
+	usec_t transaction_timeout;
 	int line;
 };
 

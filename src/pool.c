@@ -752,10 +752,30 @@ static void close_pair(struct client *c, const char *sqlstate, const char *reaso
 	client_close(c, sqlstate, "%s", reason);
 }
 
-/* transaction_timeout: the client's transaction (or lone statement) has been open too long. */
-static bool xact_too_long(const struct server *s, usec_t now)
+/* The client timeouts of a pool: its user's [users] values where set (> 0), else the global ones. */
+struct client_timeouts {
+	usec_t query, idle_xact, client_idle, xact;
+};
+
+static usec_t user_or_global(usec_t user, usec_t global)
 {
-	usec_t limit = rt->cf->transaction_timeout;
+	return user > 0 ? user : global;
+}
+
+static void pool_timeouts(const struct pool *p, struct client_timeouts *t)
+{
+	const struct lk_config *cf = rt->cf;
+	const struct user_conf *u = config_find_user(cf, p->user);
+
+	t->query = user_or_global(u ? u->query_timeout : 0, cf->query_timeout);
+	t->idle_xact = user_or_global(u ? u->idle_transaction_timeout : 0, cf->idle_transaction_timeout);
+	t->client_idle = user_or_global(u ? u->client_idle_timeout : 0, cf->client_idle_timeout);
+	t->xact = user_or_global(u ? u->transaction_timeout : 0, cf->transaction_timeout);
+}
+
+/* transaction_timeout: the client's transaction (or lone statement) has been open too long. */
+static bool xact_too_long(const struct server *s, usec_t now, usec_t limit)
+{
 	return limit > 0 && s->in_xact && now - s->xact_start > limit;
 }
 
@@ -763,6 +783,9 @@ static void janitor_clients(struct pool *p, usec_t now)
 {
 	struct client *c, *tmp;
 	const struct lk_config *cf = rt->cf;
+	struct client_timeouts to;
+
+	pool_timeouts(p, &to);
 
 	TAILQ_FOREACH_SAFE(c, &p->login_clients, entry, tmp)
 		if (cf->client_login_timeout > 0 && now - c->login_start > cf->client_login_timeout)
@@ -774,18 +797,17 @@ static void janitor_clients(struct pool *p, usec_t now)
 		struct server *s = c->link;
 		usec_t idle = now - c->request_time;
 		if (s && s->pend.count) {
-			if (cf->query_timeout > 0 && now - s->query_start > cf->query_timeout)
+			if (to.query > 0 && now - s->query_start > to.query)
 				close_pair(c, "57014", "query timeout");
-			else if (xact_too_long(s, now))
+			else if (xact_too_long(s, now, to.xact))
 				close_pair(c, "25P04", "transaction timeout");
 			continue;	/* a query is running */
 		}
-		if (s && s->txn_status != 'I' && cf->idle_transaction_timeout > 0 && idle > cf->idle_transaction_timeout &&
-		    !s->pend.count)
+		if (s && s->txn_status != 'I' && to.idle_xact > 0 && idle > to.idle_xact)
 			close_pair(c, "25P03", "idle transaction timeout");
-		else if (s && xact_too_long(s, now))
+		else if (s && xact_too_long(s, now, to.xact))
 			close_pair(c, "25P04", "transaction timeout");
-		else if (cf->client_idle_timeout > 0 && idle > cf->client_idle_timeout && (!s || s->ready))
+		else if (to.client_idle > 0 && idle > to.client_idle && (!s || s->ready))
 			client_close(c, "57P05", "client_idle_timeout");
 	}
 }

@@ -172,6 +172,26 @@ def test_transaction_timeout_also_bounds_a_single_long_statement(bouncer_factory
     assert_serves(b)
 
 
+def test_users_entries_override_the_client_timeouts_for_their_clients(bouncer_factory):
+    b = bouncer_factory(settings={"transaction_timeout": 30},
+                        users={"pooluser1": "query_timeout=1 transaction_timeout=0",
+                               "pooluser2": "transaction_timeout=1"})
+    w1 = b.login("p0", "pooluser1", timeout=8)
+    w2 = b.login("p0", "pooluser2", timeout=8)
+    other = b.login("p0", "trustuser", timeout=8)
+    w1.send_msg(b"Q", b"select pg_sleep(5)\0")
+    assert_error(read_until_error_or_close(w1, 4), "57014", "query timeout")
+    w2.query("begin")
+    err = None
+    start = time.monotonic()
+    while err is None and time.monotonic() - start < 5 * SLOW:
+        err = ping(w2)
+        time.sleep(0.2)
+    assert_error(err, "25P04", "transaction timeout")
+    # trustuser has no entry: the global 30 s applies, a 2 s query runs to its end
+    assert other.query("select pg_sleep(2), 'done'").rows == [["", "done"]]
+
+
 def test_without_transaction_timeout_a_long_transaction_is_left_alone(bouncer_factory):
     b = bouncer_factory()
     with b.connect("p0") as c:

@@ -363,8 +363,8 @@ static bool test_users(void)
 	CHECK(config_find_user(cf, "Batch") == NULL);
 	config_free(cf);
 	cf = NULL;
-	CHECK(load_fails(&fx, "[users]\nx = query_timeout=5\n",
-			 ":2: user \"x\": option \"query_timeout\" is not supported by this version of lokadb"));
+	CHECK(load_fails(&fx, "[users]\nx = reserve_pool_size=5\n",
+			 ":2: user \"x\": option \"reserve_pool_size\" is not supported by this version of lokadb"));
 	CHECK(load_fails(&fx, "[users]\nx = colour=blue\n", ":2: user \"x\": unknown option \"colour\""));
 end:
 	config_free(cf);
@@ -771,6 +771,8 @@ static bool test_hba_file(void)
 
 	CHECK(fx_init(&fx));
 	CHECK(load_fails(&fx, "[pgbouncer]\nauth_type = hba\n", ": auth_type hba needs auth_hba_file"));
+	CHECK(load_fails(&fx, "[users]\nu = query_timeout=soon\n",
+			 ":2: user \"u\": invalid query_timeout \"soon\": expected a time such as 15, 1.5, 500ms or 2min"));
 	CHECK(fx_write(&fx, "hba.conf", "# rules\nlocal all all trust\nhost all all 10.0.0.0/40 md5\n"));
 	cf = fx_load(&fx, "[pgbouncer]\nauth_type = hba\nauth_hba_file = hba.conf\n");
 	CHECK(!cf);
@@ -779,13 +781,16 @@ static bool test_hba_file(void)
 	cf = fx_load(&fx, "[pgbouncer]\nauth_type = hba\nauth_hba_file = hba.conf\n"
 		     "max_db_client_connections = 7\nmax_user_client_connections = 8\n"
 		     "[databases]\nd = host=x max_db_client_connections=3\n"
-		     "[users]\nu = max_user_client_connections=4\n");
+		     "[users]\nu = max_user_client_connections=4 query_timeout=1.5 transaction_timeout=2min "
+		     "idle_transaction_timeout=500ms client_idle_timeout=30\n");
 	CHECK(cf);
 	CHECK(cf->auth_type == AUTH_HBA);
 	CHECK(cf->hba && cf->hba->n == 2);
 	CHECK(cf->max_db_client_connections == 7 && cf->max_user_client_connections == 8);
 	CHECK(cf->dbs[0].max_db_client_connections == 3);
 	CHECK(cf->users[0].max_user_client_connections == 4);
+	CHECK(cf->users[0].query_timeout == 1500000 && cf->users[0].transaction_timeout == 120 * USEC);
+	CHECK(cf->users[0].idle_transaction_timeout == 500000 && cf->users[0].client_idle_timeout == 30 * USEC);
 	CHECK(!config_set(cf, "auth_hba_file", "other.conf", fx.err, sizeof(fx.err)));
 	CHECK(strstr(fx.err, "change it there and RELOAD") != NULL);
 	CHECK(config_set(cf, "auth_type", "md5", fx.err, sizeof(fx.err)));
