@@ -555,7 +555,8 @@ static void show_databases(struct admin_ctx *a)
 			fmt_int(b[3], dc->reserve_pool_size >= 0 ? dc->reserve_pool_size : rt->cf->reserve_pool_size),
 			fmt_int(b[4], rt->cf->server_lifetime / USEC), dc->pool_mode >= 0 ? mode_name(dc->pool_mode) : NULL,
 			NULL, fmt_int(b[5], dc->max_db_connections > 0 ? dc->max_db_connections : rt->cf->max_db_connections),
-			fmt_int(b[6], db->server_count), "0", fmt_int(b[7], ncl), db->paused ? "1" : "0",
+			fmt_int(b[6], db->server_count), fmt_int(b[8], pool_db_client_limit(db)), fmt_int(b[7], ncl),
+			db->paused ? "1" : "0",
 			admin_db_disabled(db) ? "1" : "0",
 		};
 		pkt_data_row(a->pb, 17, v);
@@ -572,7 +573,7 @@ static void show_users(struct admin_ctx *a)
 	row_header(a, 8, cols);
 	for (int i = 0; i < rt->cf->n_users; i++) {
 		const struct user_conf *u = &rt->cf->users[i];
-		char b[4][24];
+		char b[5][24];
 		int nsv = 0, ncl = 0;
 		struct pool *p;
 		TAILQ_FOREACH(p, &rt->pools, entry) {
@@ -585,7 +586,7 @@ static void show_users(struct admin_ctx *a)
 			u->name, u->pool_size >= 0 ? fmt_int(b[0], u->pool_size) : "", "",
 			u->pool_mode >= 0 ? mode_name(u->pool_mode) : "",
 			fmt_int(b[1], u->max_user_connections > 0 ? u->max_user_connections : rt->cf->max_user_connections),
-			fmt_int(b[2], nsv), "0", fmt_int(b[3], ncl),
+			fmt_int(b[2], nsv), fmt_int(b[4], pool_user_client_limit(u->name)), fmt_int(b[3], ncl),
 		};
 		pkt_data_row(a->pb, 8, v);
 	}

@@ -16,17 +16,20 @@
  * server never has its input consumed past a message boundary.
  */
 #include "core.h"
+#include "hba.h"
 #include "scram.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <pwd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include <event2/util.h>
 
@@ -116,10 +119,13 @@ void client_close(struct client *c, const char *sqlstate, const char *fmt, ...)
 		plugin_client_close(c);
 	if (sqlstate && rt->cf->log_pooler_errors)
 		log_warning("%s pooler error: %s", client_ident(c, ident, sizeof(ident)), msg);
+	/* PgBouncer's line, with the connection's age */
 	if (fmt && (rt->cf->log_disconnections || sqlstate))
-		log_info("%s closing because: %s", client_ident(c, ident, sizeof(ident)), msg);
+		log_info("%s closing because: %s (age=%llds)", client_ident(c, ident, sizeof(ident)), msg,
+			 (long long)((now_wall() - c->connect_time) / USEC));
 	else if (rt->cf->log_disconnections && c->state != CL_LOGIN)
-		log_info("%s closing because: client close request", client_ident(c, ident, sizeof(ident)));
+		log_info("%s closing because: client close request (age=%llds)", client_ident(c, ident, sizeof(ident)),
+			 (long long)((now_wall() - c->connect_time) / USEC));
 	pool_client_gone(c);
 	client_unlist(c);
 	c->state = CL_CLOSING;
@@ -525,18 +531,83 @@ static void auth_failed(struct client *c)
 
 static void client_login_done(struct client *c);
 
+/* The OS user at the other end of a unix socket; false if unknown. */
+static bool peer_uid(struct client *c, uid_t *uid)
+{
+	struct ucred cred;
+	socklen_t len = sizeof(cred);
+
+	if (c->addr.ss_family != AF_UNIX ||
+	    getsockopt(bufferevent_getfd(c->bev), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
+		return false;
+	*uid = cred.uid;
+	return true;
+}
+
+/*
+ * PgBouncer's rule: console user "pgbouncer" connecting over the unix socket
+ * as the OS user lokadb runs as is an admin without a password.
+ */
+static bool own_user_login(struct client *c)
+{
+	char ident[160];
+	uid_t uid;
+
+	if (!admin_is_dbname(c->dbname) || strcmp(c->user, "pgbouncer") != 0 || !peer_uid(c, &uid) ||
+	    uid != getuid())
+		return false;
+	c->own_user = true;
+	if (rt->cf->log_connections)
+		log_info("%s pgbouncer access from unix socket", client_ident(c, ident, sizeof(ident)));
+	return true;
+}
+
+/* auth_type = hba: the method of the first matching rule; false: refused (closed). */
+static bool hba_pick_method(struct client *c)
+{
+	static const int methods[] = {
+		[HBA_TRUST] = AUTH_TRUST, [HBA_REJECT] = AUTH_REJECT, [HBA_MD5] = AUTH_MD5, [HBA_SCRAM] = AUTH_SCRAM,
+		[HBA_PASSWORD] = AUTH_PLAIN, [HBA_CERT] = AUTH_CERT, [HBA_PEER] = AUTH_PEER,
+	};
+	const struct hba_rule *r = hba_match(rt->cf->hba, &c->addr, c->tls, c->dbname, c->user);
+	char host[64];
+	int port;
+
+	if (c->addr.ss_family == AF_UNIX)
+		snprintf(host, sizeof(host), "[local]");
+	else
+		addr_to_str(&c->addr, host, sizeof(host), &port);
+	c->auth_type = r ? methods[r->method] : AUTH_REJECT;
+	if (c->auth_type != AUTH_REJECT)
+		return true;
+	/* PostgreSQL's texts (PgBouncer says only "login rejected") */
+	client_close(c, "28000", "%s for host \"%s\", user \"%s\", database \"%s\", %s",
+		     r ? "pg_hba.conf rejects connection" : "no pg_hba.conf entry", host, c->user, c->dbname,
+		     c->tls ? "SSL encryption" : "no encryption");
+	return false;
+}
+
+/*
+ * Authentication, once the startup packet is in. A client of an unknown
+ * database still authenticates (against auth_file only), as in PgBouncer
+ * 1.22+: "no such database" comes after a good password, so a wrong one
+ * cannot probe which databases exist (client_login_done()).
+ */
 static void client_auth_start(struct client *c)
 {
 	c->db = db_lookup(c->dbname, true);
-	if (!c->db && !admin_is_dbname(c->dbname)) {
-		client_close(c, "3D000", "no such database: %s", c->dbname);
-		return;
-	}
 	if (c->db && admin_db_disabled(c->db)) {	/* console DISABLE; PgBouncer's text and SQLSTATE */
 		client_close(c, "08P01", "database does not allow connections: %s", c->dbname);
 		return;
 	}
-	if (hook_on(LK_HOOK_AUTH_LOOKUP) && !admin_is_dbname(c->dbname)) {
+	if (own_user_login(c)) {
+		client_login_done(c);
+		return;
+	}
+	c->auth_type = rt->cf->auth_type;
+	if (c->auth_type == AUTH_HBA && !hba_pick_method(c))
+		return;
+	if (hook_on(LK_HOOK_AUTH_LOOKUP) && c->db && !admin_is_dbname(c->dbname)) {
 		if (plugin_auth_lookup(c) == LK_ASYNC)
 			return;		/* c->lev: resumed by the plugin */
 		client_auth_lookup_decided(c);
@@ -595,12 +666,47 @@ static void client_auth_lookup_decided(struct client *c)
 		client_auth_method(c);
 }
 
-/* Ask for the password the way auth_type and the user's secret want. */
+/* auth by TLS client certificate: its verified CN must be the user name. */
+static void login_via_cert(struct client *c)
+{
+	char cn[256];
+
+	if (!c->tls || !tls_peer_cn(&c->io, cn, sizeof(cn)) || strcmp(cn, c->user) != 0) {
+		client_close(c, "28000", "certificate authentication failed for user \"%s\"", c->user);
+		return;
+	}
+	client_login_done(c);
+}
+
+/* peer: the OS user at the other end of the unix socket must be the user name. */
+static void login_as_peer(struct client *c)
+{
+	struct passwd pw, *res = NULL;
+	char buf[1024];
+	uid_t uid;
+
+	if (!peer_uid(c, &uid) || getpwuid_r(uid, &pw, buf, sizeof(buf), &res) != 0 || !res ||
+	    strcmp(res->pw_name, c->user) != 0) {
+		client_close(c, "28000", "peer authentication failed for user \"%s\"", c->user);
+		return;
+	}
+	client_login_done(c);
+}
+
+/* Ask for the password the way the client's auth_type and its secret want. */
 static void client_auth_method(struct client *c)
 {
-	int type = rt->cf->auth_type;
+	int type = c->auth_type;
 	const char *secret;
 
+	if (type == AUTH_CERT) {
+		login_via_cert(c);
+		return;
+	}
+	if (type == AUTH_PEER) {
+		login_as_peer(c);
+		return;
+	}
 	if (type == AUTH_ANY || type == AUTH_TRUST) {
 		if (type == AUTH_TRUST && (rt->cf->n_auth > 0 || c->secret_missing) && !c->secret) {
 			client_close(c, "28000", "no such user: %s", c->user);
@@ -638,7 +744,7 @@ static bool check_password(struct client *c, const char *given)
 
 	if (!secret)
 		return false;
-	if (rt->cf->auth_type == AUTH_PLAIN) {
+	if (c->auth_type == AUTH_PLAIN) {
 		if (scram_is_md5_secret(secret)) {
 			char m[36];
 			scram_md5_secret(c->user, given, m);
@@ -748,13 +854,33 @@ static void add_host_to_appname(struct client *c)
 	varcache_set(&c->vars, VAR_APPNAME, buf);
 }
 
+/* max_db_client_connections / max_user_client_connections, as PgBouncer words them. */
+static bool client_within_limits(struct client *c)
+{
+	int db_max = pool_db_client_limit(c->db), user_max = pool_user_client_limit(c->user);
+	int n_db, n_user;
+
+	if (db_max <= 0 && user_max <= 0)
+		return true;
+	pool_client_counts(c->db, c->user, &n_db, &n_user);
+	if (db_max > 0 && n_db >= db_max) {
+		client_close(c, "53300", "client connections exceeded (max_db_client_connections)");
+		return false;
+	}
+	if (user_max > 0 && n_user >= user_max) {
+		client_close(c, "53300", "client connections exceeded (max_user_client_connections)");
+		return false;
+	}
+	return true;
+}
+
 static void client_login_done(struct client *c)
 {
 	char ident[160];
 
 	c->auth_step = 0;
 	if (admin_is_dbname(c->dbname)) {
-		bool admin = config_list_has(rt->cf->admin_users, c->user);
+		bool admin = c->own_user || config_list_has(rt->cf->admin_users, c->user);
 		if (!admin && !config_list_has(rt->cf->stats_users, c->user)) {
 			client_close(c, "28000", "not allowed");
 			return;
@@ -766,6 +892,14 @@ static void client_login_done(struct client *c)
 		client_welcome(c);
 		return;
 	}
+	if (!c->db) {
+		if (rt->cf->log_connections)
+			log_info("%s login failed: db=%s user=%s", client_ident(c, ident, sizeof(ident)), c->dbname, c->user);
+		client_close(c, "3D000", "no such database: %s", c->dbname);
+		return;
+	}
+	if (!client_within_limits(c))
+		return;
 	c->pool = pool_get(c->db, c->user, c->secret);
 	if (!c->pool) {
 		client_close(c, "08P01", "could not create pool");
@@ -774,8 +908,11 @@ static void client_login_done(struct client *c)
 	pool_take_scram_keys(c->pool, c);
 	if (rt->cf->application_name_add_host && c->addr.ss_family != AF_UNIX)
 		add_host_to_appname(c);
-	if (rt->cf->log_connections)
-		log_info("%s login attempt: db=%s user=%s", client_ident(c, ident, sizeof(ident)), c->dbname, c->user);
+	if (rt->cf->log_connections) {
+		char tls[128];
+		log_info("%s login attempt: db=%s user=%s tls=%s", client_ident(c, ident, sizeof(ident)), c->dbname,
+			 c->user, c->tls ? tls_describe(&c->io, tls, sizeof(tls)) : "no");
+	}
 	TAILQ_REMOVE(&rt->login_clients, c, entry);
 	c->state = CL_LOGIN;	/* transient: pool_set_client_state() puts it on its pool */
 	c->pool->stats.client_login_count++;

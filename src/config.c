@@ -46,6 +46,7 @@
  *	config_write_markdown	doc/config.md
  */
 #include "config.h"
+#include "hba.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -71,7 +72,7 @@
 #define FRAC_DIGITS	6			/* microseconds of a second */
 
 static const char *const pool_mode_names[] = { "session", "transaction", "statement", NULL };
-static const char *const auth_type_names[] = { "any", "trust", "plain", "md5", "scram-sha-256", NULL };
+static const char *const auth_type_names[] = { "any", "trust", "plain", "md5", "scram-sha-256", "cert", "hba", NULL };
 static const char *const sslmode_names[] = { "disable", "allow", "prefer", "require", "verify-ca", "verify-full", NULL };
 
 /* ---------------------------------------------------------------------------
@@ -93,18 +94,21 @@ const struct cf_setting config_settings[] = {
 		"Database auth_query runs in (empty: the database the client asked for)."),
 	STR_ROW(auth_file, NULL, true,
 		"File of `\"user\" \"secret\"` lines; a relative path is relative to the ini file's directory."),
+	STR_ROW(auth_hba_file, NULL, true,
+		"Host-based access rules used when auth_type = hba (PgBouncer's subset of pg_hba.conf; read at start and on RELOAD)."),
 	STR_ROW(auth_query, "SELECT rolname, CASE WHEN rolvaliduntil < now() THEN NULL ELSE rolpassword END "
 		"FROM pg_authid WHERE rolname=$1 AND rolcanlogin", true,
 		"Query that returns (user, secret) for a user not in auth_file, run as auth_user."),
 	ENUM_ROW(auth_type, "md5", auth_type_names,
-		 "How clients prove who they are: any, trust, plain, md5 or scram-sha-256."),
+		 "How clients prove who they are: any, trust, plain, md5, scram-sha-256, cert (TLS client certificate "
+		 "whose CN is the user name) or hba (per auth_hba_file rule)."),
 	STR_ROW(auth_user, NULL, true,
 		"User that runs auth_query (its password in auth_file); a [databases] entry's auth_user overrides it."),
 	TIME_ROW(autodb_idle_timeout, "3600", true,
 		 "Close the server connections of a database made from the `*` entry once no client has "
 		 "used it for this long (min_pool_size does not refill it until a client comes back; 0 = never)."),
 	TIME_ROW(client_idle_timeout, "0", true,
-		 "Close client connections idle for longer than this (0 = never)."),
+		 "Close client connections idle for longer than this (0 = never); [users] may override it."),
 	TIME_ROW(client_login_timeout, "30", true,
 		 "Close a client that has not finished logging in within this time (0 = never)."),
 	STR_ROW(client_tls_ca_file, NULL, true,
@@ -130,7 +134,7 @@ const struct cf_setting config_settings[] = {
 	TIME_ROW(dns_nxdomain_ttl, "15", true,
 		 "How long a failed (NXDOMAIN) DNS lookup is cached."),
 	TIME_ROW(idle_transaction_timeout, "0", true,
-		 "Close a client that stays idle inside a transaction for longer than this (0 = never)."),
+		 "Close a client that stays idle inside a transaction for longer than this (0 = never); [users] may override it."),
 	STR_ROW(ignore_startup_parameters, NULL, true,
 		"Startup parameters accepted and dropped instead of refused (comma-separated)."),
 	STR_ROW(listen_addr, NULL, false,
@@ -151,10 +155,14 @@ const struct cf_setting config_settings[] = {
 		"File to append the log to, besides standard error; empty = none."),
 	INT_ROW(max_client_conn, "1000", 1, COUNT_MAX, true,
 		"Most client connections accepted at once."),
+	INT_ROW(max_db_client_connections, "0", 0, COUNT_MAX, true,
+		"Most client connections per database over all its users (0 = unlimited); [databases] may override it."),
 	INT_ROW(max_db_connections, "0", 0, COUNT_MAX, true,
 		"Most server connections per database over all its pools (0 = unlimited)."),
 	{ "max_message_bytes", CF_SIZE, OFF(max_message_bytes), "268435456", MSG_MIN, MSG_MAX, true, NULL,
 	  "Largest protocol message accepted from a client (PgBouncer: max_packet_size)." },
+	INT_ROW(max_user_client_connections, "0", 0, COUNT_MAX, true,
+		"Most client connections per user over all its databases (0 = unlimited); [users] may override it."),
 	INT_ROW(max_user_connections, "0", 0, COUNT_MAX, true,
 		"Most server connections per user over all its pools (0 = unlimited)."),
 	STR_ROW(metrics_listen, NULL, false,
@@ -175,7 +183,8 @@ const struct cf_setting config_settings[] = {
 	ENUM_ROW(pool_mode, "session", pool_mode_names,
 		 "When a server connection goes back to the pool: after each session, transaction or statement."),
 	TIME_ROW(query_timeout, "0", true,
-		 "Cancel queries that run for longer than this (0 = never)."),
+		 "Close a client whose query runs for longer than this, with its server connection (0 = never); "
+		 "[users] may override it."),
 	TIME_ROW(query_wait_timeout, "120", true,
 		 "Close a client whose query waited this long for a server connection (0 = wait forever)."),
 	INT_ROW(reserve_pool_size, "0", 0, COUNT_MAX, true,
@@ -188,6 +197,9 @@ const struct cf_setting config_settings[] = {
 		"Query that checks an idle server connection still works before it is reused."),
 	TIME_ROW(server_connect_timeout, "15", true,
 		 "Give up connecting to and logging in to a server after this long."),
+	BOOL_ROW(server_fast_close, "0", true,
+		 "In session mode, close a server connection that RECONNECT or a RELOAD changing its database marked, "
+		 "at the end of its current transaction instead of when its client leaves."),
 	TIME_ROW(server_idle_timeout, "600", true,
 		 "Close server connections idle in the pool for longer than this (0 = never)."),
 	TIME_ROW(server_lifetime, "3600", true,
@@ -236,6 +248,9 @@ const struct cf_setting config_settings[] = {
 		"TCP_KEEPINTVL: seconds between keepalive probes (0 = OS default)."),
 	STR_ROW(track_extra_parameters, "IntervalStyle", false,
 		"Startup parameters, besides the standard ones, tracked per client and restored on each server (comma-separated)."),
+	TIME_ROW(transaction_timeout, "0", true,
+		 "Close a client whose transaction has been open for longer than this, with its server connection (0 = never); "
+		 "[users] may override it."),
 	STR_ROW(unix_socket_dir, "/tmp", false,
 		"Directory of the unix socket; empty = no unix socket."),
 	INT_ROW(unix_socket_mode, "0777", 0, SOCKET_MODE_MAX, false,
@@ -264,7 +279,6 @@ static const struct pgb_setting {
 	const char *name;
 	const char *accept[ACCEPT_MAX];
 } pgb_unsupported[] = {
-	{ "auth_hba_file", { NULL } },
 	{ "auth_ident_file", { NULL } },
 	{ "auth_ldap_options", { NULL } },
 	{ "cancel_wait_timeout", { "10" } },
@@ -274,21 +288,17 @@ static const struct pgb_setting {
 	{ "conffile", { NULL } },
 	{ "dns_zone_check_period", { "0" } },
 	{ "job_name", { "pgbouncer" } },
-	{ "max_db_client_connections", { "0" } },
 	{ "max_prepared_statements", { "0", "200" } },
-	{ "max_user_client_connections", { "0" } },
 	{ "query_wait_notify", { "5" } },
 	{ "resolv_conf", { NULL } },
 	{ "sbuf_loopcnt", { "5" } },
 	{ "scram_iterations", { "4096" } },
-	{ "server_fast_close", { "0" } },
 	{ "server_round_robin", { "0" } },
 	{ "server_tls13_ciphers", { NULL } },
 	{ "service_name", { "pgbouncer" } },
 	{ "tcp_defer_accept", { "0", "1" } },
 	{ "tcp_socket_buffer", { "0" } },
 	{ "tcp_user_timeout", { "0" } },
-	{ "transaction_timeout", { "0" } },
 	{ "unix_socket_group", { NULL } },
 	{ "user", { NULL } },
 	{ NULL, { NULL } }
@@ -298,7 +308,7 @@ static const struct pgb_setting {
  * [databases] and [users] option tables
  * ------------------------------------------------------------------------- */
 
-enum key_kind { KEY_STR, KEY_COUNT, KEY_PORT, KEY_POOL_MODE };
+enum key_kind { KEY_STR, KEY_COUNT, KEY_PORT, KEY_POOL_MODE, KEY_TIME };
 
 struct conn_key {
 	const char *name;
@@ -326,6 +336,8 @@ static const struct conn_key db_keys[] = {
 	{ "pool_mode", KEY_POOL_MODE, DB(pool_mode), "pool_mode", "Pool mode for this database." },
 	{ "max_db_connections", KEY_COUNT, DB(max_db_connections), "max_db_connections",
 	  "Most server connections for this database over all its pools (0 = unlimited)." },
+	{ "max_db_client_connections", KEY_COUNT, DB(max_db_client_connections), "max_db_client_connections",
+	  "Most client connections for this database over all its users (0 = unlimited)." },
 	{ "connect_query", KEY_STR, DB(connect_query), "", "Query run on every new server connection." },
 	{ "client_encoding", KEY_STR, DB(client_encoding), "", "client_encoding sent to the server at connect." },
 	{ "datestyle", KEY_STR, DB(datestyle), "", "DateStyle sent to the server at connect." },
@@ -342,6 +354,16 @@ static const struct conn_key user_keys[] = {
 	{ "pool_size", KEY_COUNT, USR(pool_size), "default_pool_size", "Server connections per database for this user." },
 	{ "max_user_connections", KEY_COUNT, USR(max_user_connections), "max_user_connections",
 	  "Most server connections for this user over all its pools (0 = unlimited)." },
+	{ "max_user_client_connections", KEY_COUNT, USR(max_user_client_connections), "max_user_client_connections",
+	  "Most client connections for this user over all its databases (0 = unlimited)." },
+	{ "query_timeout", KEY_TIME, USR(query_timeout), "query_timeout",
+	  "query_timeout for this user's clients (0 = the global setting)." },
+	{ "idle_transaction_timeout", KEY_TIME, USR(idle_transaction_timeout), "idle_transaction_timeout",
+	  "idle_transaction_timeout for this user's clients (0 = the global setting)." },
+	{ "client_idle_timeout", KEY_TIME, USR(client_idle_timeout), "client_idle_timeout",
+	  "client_idle_timeout for this user's clients (0 = the global setting)." },
+	{ "transaction_timeout", KEY_TIME, USR(transaction_timeout), "transaction_timeout",
+	  "transaction_timeout for this user's clients (0 = the global setting)." },
 	{ NULL, KEY_STR, 0, NULL, NULL }
 };
 
@@ -356,11 +378,11 @@ static const struct conn_key peer_keys[] = {
 };
 #define DEFAULT_PEER_PORT 6432
 
-/* Connection-string options PgBouncer knows that we do not implement. */
+/* Connection-string options PgBouncer knows that we do not implement (in [databases] or [users]). */
 static const char *const pgb_conn_unsupported[] = {
 	"auth_dbname", "auth_query", "client_idle_timeout", "idle_transaction_timeout",
-	"load_balance_hosts", "max_db_client_connections", "max_user_client_connections",
-	"query_timeout", "query_wait_timeout", "server_lifetime", "transaction_timeout", NULL
+	"load_balance_hosts", "query_timeout", "query_wait_timeout", "reserve_pool_size", "server_lifetime",
+	"transaction_timeout", NULL
 };
 
 /* Database names taken by the admin console. */
@@ -800,6 +822,22 @@ static bool not_a_setting(const char *name, char *err, size_t errlen)
 	return cf_err(err, errlen, "unknown setting \"%s\"", name);
 }
 
+/*
+ * What SET must refuse beyond the value itself: a new auth_hba_file (only the
+ * loader reads the file; a SET would change the name, not the rules), and
+ * auth_type = hba without loaded rules would refuse every login, the
+ * console's included.
+ */
+static bool set_allowed(const struct lk_config *cf, const struct cf_setting *s, const char *value,
+			char *err, size_t errlen)
+{
+	if (s->offset == OFF(auth_hba_file) && strcmp(value, cf->auth_hba_file ? cf->auth_hba_file : "") != 0)
+		return cf_err(err, errlen, "setting \"auth_hba_file\" is read with the ini file: change it there and RELOAD");
+	if (s->offset == OFF(auth_type) && strcasecmp(value, "hba") == 0 && !cf->hba)
+		return cf_err(err, errlen, "auth_type hba needs auth_hba_file: set it in the ini file and RELOAD");
+	return true;
+}
+
 bool config_set(struct lk_config *cf, const char *name, const char *value, char *err, size_t errlen)
 {
 	const struct cf_setting *s = config_find(name);
@@ -810,6 +848,8 @@ bool config_set(struct lk_config *cf, const char *name, const char *value, char 
 		return not_a_setting(name, err, errlen);
 	if (!s->reloadable)
 		return cf_err(err, errlen, "setting \"%s\" cannot be changed at run time; restart lokadb", s->name);
+	if (!set_allowed(cf, s, value, err, errlen))
+		return false;
 	return setting_store(cf, s, value, err, errlen);
 }
 
@@ -865,6 +905,7 @@ void config_free(struct lk_config *cf)
 	free(cf->users);
 	free(cf->auth);
 	free(cf->raw);
+	hba_free(cf->hba);
 	free(cf->path);
 	free(cf);
 }
@@ -1145,6 +1186,12 @@ static bool conn_key_set(const struct conn_key *k, void *obj, const char *val, c
 			return cf_err(why, whylen, "invalid port \"%s\": expected 1 .. %d", val, PORT_MAX);
 		*(int *)field = (int)n;
 		return true;
+	case KEY_TIME:
+		if (!scan_scaled(val, time_units, true, &n) || n < 0 || n > TIME_MAX)
+			return cf_err(why, whylen, "invalid %s \"%s\": expected a time such as 15, 1.5, 500ms or 2min",
+				      k->name, val);
+		*(usec_t *)field = n;
+		return true;
 	case KEY_COUNT:
 		if (!scan_int(val, 10, &n) || n < 0 || n > COUNT_MAX)
 			return cf_err(why, whylen, "invalid %s \"%s\": expected a non-negative integer", k->name, val);
@@ -1207,7 +1254,8 @@ static bool load_database(struct loader *ld, const char *section, const char *ke
 {
 	struct lk_config *cf = ld->cf;
 	struct db_conf d = { .port = DEFAULT_DB_PORT, .pool_size = -1, .min_pool_size = -1,
-			     .reserve_pool_size = -1, .pool_mode = -1, .max_db_connections = -1 };
+			     .reserve_pool_size = -1, .pool_mode = -1, .max_db_connections = -1,
+			     .max_db_client_connections = -1 };
 	char what[REASON_LEN];
 	struct db_conf *grown;
 	int i;
@@ -1249,7 +1297,8 @@ fail:
 static bool load_user(struct loader *ld, const char *section, const char *key, const char *value)
 {
 	struct lk_config *cf = ld->cf;
-	struct user_conf u = { .pool_mode = -1, .pool_size = -1, .max_user_connections = -1 };
+	struct user_conf u = { .pool_mode = -1, .pool_size = -1, .max_user_connections = -1,
+			       .max_user_client_connections = -1 };
 	char what[REASON_LEN];
 	struct user_conf *grown;
 	int i;
@@ -1550,6 +1599,24 @@ static bool auth_load(struct loader *ld)
 	return ok;
 }
 
+/* Read auth_hba_file (needed by auth_type = hba) into cf->hba. */
+static bool hba_file_load(struct lk_config *cf, char *err, size_t errlen)
+{
+	char *path;
+
+	if (!cf->auth_hba_file) {
+		if (cf->auth_type == AUTH_HBA)
+			return cf_err(err, errlen, "%s: auth_type hba needs auth_hba_file", cf->path);
+		return true;
+	}
+	path = config_file_path(cf, cf->auth_hba_file);
+	if (!path)
+		return cf_err(err, errlen, "%s: out of memory", cf->path);
+	cf->hba = hba_load(path, err, errlen);
+	free(path);
+	return cf->hba != NULL;
+}
+
 /* ---------------------------------------------------------------------------
  * config_load
  * ------------------------------------------------------------------------- */
@@ -1592,7 +1659,7 @@ struct lk_config *config_load(const char *path, char *err, size_t errlen)
 	fclose(ld.f);
 	ld.f = NULL;
 	free(ld.long_value);
-	ok = ok && auth_load(&ld);
+	ok = ok && auth_load(&ld) && hba_file_load(ld.cf, err, errlen);
 	free(ld.line);
 	if (ok)
 		return ld.cf;
@@ -1656,6 +1723,7 @@ static void md_unsupported(FILE *f)
 static const char *const key_kind_names[] = {
 	[KEY_STR] = "string", [KEY_COUNT] = "integer", [KEY_PORT] = "port",
 	[KEY_POOL_MODE] = "`session`, `transaction` or `statement`",
+	[KEY_TIME] = "time",
 };
 
 static void md_conn_keys(FILE *f, const struct conn_key *keys)

@@ -32,7 +32,11 @@ enum cf_type {
 };
 
 enum pool_mode { POOL_SESSION = 0, POOL_TRANSACTION = 1, POOL_STATEMENT = 2 };
-enum auth_type { AUTH_ANY = 0, AUTH_TRUST, AUTH_PLAIN, AUTH_MD5, AUTH_SCRAM };
+/*
+ * auth_type values, then methods only an auth_hba_file rule can pick
+ * (AUTH_REJECT, AUTH_PEER: no auth_type name).
+ */
+enum auth_type { AUTH_ANY = 0, AUTH_TRUST, AUTH_PLAIN, AUTH_MD5, AUTH_SCRAM, AUTH_CERT, AUTH_HBA, AUTH_REJECT, AUTH_PEER };
 enum sslmode { SSL_DISABLE = 0, SSL_ALLOW, SSL_PREFER, SSL_REQUIRE, SSL_VERIFY_CA, SSL_VERIFY_FULL };
 
 struct cf_setting {
@@ -60,6 +64,7 @@ struct db_conf {
 	int reserve_pool_size;
 	int pool_mode;		/* enum pool_mode or -1 */
 	int max_db_connections;
+	int max_db_client_connections;	/* -1 = the global setting */
 	char *connect_query;
 	char *client_encoding;
 	char *datestyle;
@@ -75,6 +80,11 @@ struct user_conf {
 	int pool_mode;		/* -1 = default */
 	int pool_size;		/* -1 = default */
 	int max_user_connections;	/* 0 = unlimited */
+	int max_user_client_connections;	/* -1 = the global setting */
+	usec_t query_timeout;		/* these four: 0 = the global setting */
+	usec_t idle_transaction_timeout;
+	usec_t client_idle_timeout;
+	usec_t transaction_timeout;
 	int line;
 };
 
@@ -103,6 +113,8 @@ struct cf_raw {
 	int line;
 };
 
+struct hba;
+
 struct lk_config {
 	char *path;		/* the ini file */
 
@@ -116,6 +128,7 @@ struct lk_config {
 	int listen_backlog;
 	int auth_type;		/* enum auth_type */
 	char *auth_file;
+	char *auth_hba_file;
 	char *auth_user;	/* runs auth_query */
 	char *auth_query;
 	char *auth_dbname;
@@ -129,6 +142,8 @@ struct lk_config {
 	usec_t reserve_pool_timeout;
 	int max_db_connections;
 	int max_user_connections;
+	int max_db_client_connections;
+	int max_user_client_connections;
 	char *server_reset_query;
 	int server_reset_query_always;
 	char *server_check_query;
@@ -137,6 +152,7 @@ struct lk_config {
 	usec_t server_idle_timeout;
 	usec_t server_connect_timeout;
 	usec_t server_login_retry;
+	int server_fast_close;
 	usec_t query_timeout;
 	usec_t query_wait_timeout;
 	usec_t client_idle_timeout;
@@ -154,6 +170,7 @@ struct lk_config {
 	char *server_tls_protocols;
 	char *server_tls_ciphers;
 	usec_t idle_transaction_timeout;
+	usec_t transaction_timeout;
 	usec_t suspend_timeout;
 	int64_t max_message_bytes;
 	int pkt_buf;
@@ -189,6 +206,7 @@ struct lk_config {
 	int n_users;
 	struct auth_entry *auth;	/* from auth_file */
 	int n_auth;
+	struct hba *hba;		/* from auth_hba_file (NULL when unset) */
 	struct cf_raw *raw;		/* [plugin.*] keys, in file order */
 	int n_raw;
 	struct peer_conf *peers;	/* [peers] */

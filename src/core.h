@@ -184,6 +184,8 @@ struct client {
 	bool throttled;			/* reading paused because the server's output is full */
 	/* authentication */
 	int auth_step;			/* 0 none, 1 cleartext/md5 sent, 2 SASL started, 3 SASL continue */
+	int auth_type;			/* enum auth_type this client logs in with (auth_type, or its hba rule's) */
+	bool own_user;			/* console user "pgbouncer" of lokadb's own OS user on the unix socket */
 	uint8_t md5_salt[4];
 	struct scram_server *scram;
 	char *secret;			/* copy of its auth_file secret (reloads free the config) */
@@ -327,6 +329,8 @@ struct lk_runtime {
 	struct dns_ctx *dns;
 	int n_clients;			/* all client connections, for max_client_conn */
 	bool paused;			/* global PAUSE */
+	bool accept_paused;		/* accept() ran out of descriptors: listeners off until the next janitor run */
+	usec_t accept_fail_logged;	/* monotonic: when that was last logged (repeats are suppressed) */
 	enum shutdown_mode shutdown;
 	uint64_t next_id;
 	usec_t start_time;
@@ -429,6 +433,9 @@ void pool_kill(struct lk_db *db);
 void pool_resume(struct lk_db *db);
 bool pool_is_paused(const struct pool *p);
 int pool_active_servers(struct lk_db *db);
+int pool_db_client_limit(const struct lk_db *db);	/* max_db_client_connections in force (0: none) */
+int pool_user_client_limit(const char *user);		/* max_user_client_connections in force (0: none) */
+void pool_client_counts(const struct lk_db *db, const char *user, int *n_db, int *n_user);
 void pool_free_all(void);
 
 /* admin.c */
@@ -445,6 +452,7 @@ void admin_lists(admin_list_fn fn, void *arg);	/* SHOW LISTS rows */
 void runtime_init(void);
 bool runtime_open_listeners(void);
 void runtime_apply_log_settings(void);
+void runtime_raise_nofile(void);
 bool runtime_setup_events(void);
 void runtime_teardown(void);
 bool lokadb_reload(char *err, size_t errlen);
@@ -541,6 +549,7 @@ struct ssl_st *tls_client_new(void);
 const char *tls_describe(const struct conn_io *io, char *buf, size_t len);
 const char *tls_error(const struct conn_io *io, char *buf, size_t len);
 bool tls_handshake_done(const struct conn_io *io);
+bool tls_peer_cn(const struct conn_io *io, char *buf, size_t len);	/* CN of a verified client certificate */
 void tls_free_all(void);
 bool tls_server_check(const struct lk_config *cf, void **ctx, char *err, size_t errlen);
 void tls_server_apply(void *ctx);

@@ -160,6 +160,7 @@ int main(int argc, char **argv)
 	runtime_apply_log_settings();
 	if (rt->cf->pidfile && !write_pidfile(rt->cf->pidfile))
 		return 1;
+	runtime_raise_nofile();
 	rt->start_time = rt->now = now_mono();
 	if (!runtime_setup_events()) {
 		log_fatal("could not set up the event loop");

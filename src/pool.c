@@ -643,6 +643,36 @@ int pool_active_servers(struct lk_db *db)
 	return n;
 }
 
+/* ---- client connection limits (max_db/user_client_connections) ---- */
+
+int pool_db_client_limit(const struct lk_db *db)
+{
+	int n = db ? db->conf.max_db_client_connections : -1;
+	return n >= 0 ? n : rt->cf->max_db_client_connections;
+}
+
+int pool_user_client_limit(const char *user)
+{
+	const struct user_conf *u = config_find_user(rt->cf, user);
+	return u && u->max_user_client_connections >= 0 ? u->max_user_client_connections :
+	       rt->cf->max_user_client_connections;
+}
+
+/* Logged-in clients of database `db` (any user) and of `user` (any database). */
+void pool_client_counts(const struct lk_db *db, const char *user, int *n_db, int *n_user)
+{
+	struct pool *p;
+
+	*n_db = *n_user = 0;
+	TAILQ_FOREACH(p, &rt->pools, entry) {
+		int n = p->n_active_cl + p->n_waiting_cl + p->n_login_cl;
+		if (p->db == db)
+			*n_db += n;
+		if (user && strcmp(p->user, user) == 0)
+			*n_user += n;
+	}
+}
+
 /* ---- reload ---- */
 
 void pool_apply_config(struct lk_config *old)
@@ -705,10 +735,57 @@ void pool_apply_config(struct lk_config *old)
 
 /* ---- janitor ---- */
 
+/*
+ * Close a client and the server it is linked to, both for `reason`, as
+ * PgBouncer's disconnect_server() does: each logs "closing because: REASON"
+ * and the client gets it as a FATAL error.
+ */
+static void close_pair(struct client *c, const char *sqlstate, const char *reason)
+{
+	struct server *s = c->link;
+
+	if (s) {
+		c->link = NULL;
+		s->link = NULL;
+		server_close(s, "%s", reason);
+	}
+	client_close(c, sqlstate, "%s", reason);
+}
+
+/* The client timeouts of a pool: its user's [users] values where set (> 0), else the global ones. */
+struct client_timeouts {
+	usec_t query, idle_xact, client_idle, xact;
+};
+
+static usec_t user_or_global(usec_t user, usec_t global)
+{
+	return user > 0 ? user : global;
+}
+
+static void pool_timeouts(const struct pool *p, struct client_timeouts *t)
+{
+	const struct lk_config *cf = rt->cf;
+	const struct user_conf *u = config_find_user(cf, p->user);
+
+	t->query = user_or_global(u ? u->query_timeout : 0, cf->query_timeout);
+	t->idle_xact = user_or_global(u ? u->idle_transaction_timeout : 0, cf->idle_transaction_timeout);
+	t->client_idle = user_or_global(u ? u->client_idle_timeout : 0, cf->client_idle_timeout);
+	t->xact = user_or_global(u ? u->transaction_timeout : 0, cf->transaction_timeout);
+}
+
+/* transaction_timeout: the client's transaction (or lone statement) has been open too long. */
+static bool xact_too_long(const struct server *s, usec_t now, usec_t limit)
+{
+	return limit > 0 && s->in_xact && now - s->xact_start > limit;
+}
+
 static void janitor_clients(struct pool *p, usec_t now)
 {
 	struct client *c, *tmp;
 	const struct lk_config *cf = rt->cf;
+	struct client_timeouts to;
+
+	pool_timeouts(p, &to);
 
 	TAILQ_FOREACH_SAFE(c, &p->login_clients, entry, tmp)
 		if (cf->client_login_timeout > 0 && now - c->login_start > cf->client_login_timeout)
@@ -720,14 +797,17 @@ static void janitor_clients(struct pool *p, usec_t now)
 		struct server *s = c->link;
 		usec_t idle = now - c->request_time;
 		if (s && s->pend.count) {
-			if (cf->query_timeout > 0 && now - s->query_start > cf->query_timeout)
-				client_close(c, "57014", "query timeout");
+			if (to.query > 0 && now - s->query_start > to.query)
+				close_pair(c, "57014", "query timeout");
+			else if (xact_too_long(s, now, to.xact))
+				close_pair(c, "25P04", "transaction timeout");
 			continue;	/* a query is running */
 		}
-		if (s && s->txn_status != 'I' && cf->idle_transaction_timeout > 0 && idle > cf->idle_transaction_timeout &&
-		    !s->pend.count)
-			client_close(c, "25P03", "idle transaction timeout");
-		else if (cf->client_idle_timeout > 0 && idle > cf->client_idle_timeout && (!s || s->ready))
+		if (s && s->txn_status != 'I' && to.idle_xact > 0 && idle > to.idle_xact)
+			close_pair(c, "25P03", "idle transaction timeout");
+		else if (s && xact_too_long(s, now, to.xact))
+			close_pair(c, "25P04", "transaction timeout");
+		else if (to.client_idle > 0 && idle > to.client_idle && (!s || s->ready))
 			client_close(c, "57P05", "client_idle_timeout");
 	}
 }
@@ -736,6 +816,17 @@ static void janitor_servers(struct pool *p, usec_t now)
 {
 	struct server *s, *tmp;
 	const struct lk_config *cf = rt->cf;
+
+	/*
+	 * server_fast_close: a session-mode server marked by RECONNECT or a
+	 * RELOAD goes at the end of its transaction, and its client with it
+	 * (so the client notices that its session was cut), as in PgBouncer.
+	 */
+	TAILQ_FOREACH_SAFE(s, &p->active_servers, entry, tmp) {
+		if (cf->server_fast_close && pool_mode_of(p) == POOL_SESSION && s->close_needed && s->ready &&
+		    s->link && !s->link->fwd_remaining)
+			close_pair(s->link, "57P01", "database configuration changed");
+	}
 
 	TAILQ_FOREACH_SAFE(s, &p->idle_servers, entry, tmp) {
 		if (server_expired(s))

@@ -35,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -45,6 +46,56 @@
 
 static struct lk_runtime runtime;
 struct lk_runtime *rt = &runtime;
+
+/* ---- file descriptor limit ---- */
+
+#define NOFILE_SLACK 64		/* listeners, log file, DNS, plugins' own connections */
+
+/* Server connections the [databases] entries may open: forced-user entries once, others per auth_file user. */
+static long pool_fds(const struct lk_config *cf, int users)
+{
+	long n = 0;
+
+	for (int i = 0; i < cf->n_dbs; i++) {
+		const struct db_conf *d = &cf->dbs[i];
+		long size = (d->pool_size >= 0 ? d->pool_size : cf->default_pool_size) +
+			    (d->reserve_pool_size >= 0 ? d->reserve_pool_size : cf->reserve_pool_size);
+		n += d->user ? size : size * users;
+	}
+	return n;
+}
+
+/*
+ * Raise the soft RLIMIT_NOFILE towards what max_client_conn and the pools may
+ * need, up to the hard limit, so that a default max_client_conn of 1000 works
+ * under a shell's soft limit of 1024. The estimate counts the pools once per
+ * auth_file user, as PgBouncer's does; only falling short of one pool per
+ * database (the least a full max_client_conn needs) is a warning.
+ */
+void runtime_raise_nofile(void)
+{
+	const struct lk_config *cf = rt->cf;
+	long need_min = cf->max_client_conn + NOFILE_SLACK + pool_fds(cf, 1);
+	long need = cf->max_client_conn + NOFILE_SLACK + pool_fds(cf, cf->n_auth > 1 ? cf->n_auth : 1);
+	struct rlimit lim;
+
+	if (getrlimit(RLIMIT_NOFILE, &lim) != 0) {
+		log_warning("could not get RLIMIT_NOFILE: %s", strerror(errno));
+		return;
+	}
+	if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < (rlim_t)need) {
+		struct rlimit want = { (rlim_t)need, lim.rlim_max };
+		if (lim.rlim_max != RLIM_INFINITY && want.rlim_cur > lim.rlim_max)
+			want.rlim_cur = lim.rlim_max;
+		if (want.rlim_cur > lim.rlim_cur && setrlimit(RLIMIT_NOFILE, &want) == 0)
+			lim.rlim_cur = want.rlim_cur;
+	}
+	log_info("kernel file descriptor limit: %ld (hard: %ld); max_client_conn: %d, max expected fd use: %ld",
+		 (long)lim.rlim_cur, (long)lim.rlim_max, cf->max_client_conn, need);
+	if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < (rlim_t)need_min)
+		log_warning("file descriptor limit %ld is below the %ld that max_client_conn and the pools need; "
+			    "raise the hard limit (ulimit -Hn, systemd LimitNOFILE=)", (long)lim.rlim_cur, need_min);
+}
 
 /* ---- listen sockets ---- */
 
@@ -185,12 +236,53 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
 	client_accept(fd, sa, salen, li->is_unix);
 }
 
+#define ACCEPT_FAIL_LOG_USEC (10 * USEC)	/* "accept() failed" at most this often */
+
+static bool accept_out_of_resources(int err)
+{
+	return err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM;
+}
+
+/*
+ * An accept() that failed for lack of descriptors or memory leaves the
+ * connection queued, so the listener would fire again at once and spin. As
+ * PgBouncer suspends its pooler, stop listening until the next janitor run
+ * (listeners_resume()); the queued clients wait in the kernel's backlog.
+ */
 static void accept_error_cb(struct evconnlistener *l, void *arg)
 {
 	struct listener *li = arg;
 	int err = EVUTIL_SOCKET_ERROR();
+	usec_t now = now_mono();
 	(void)l;
-	log_warning("accept on %s failed: %s", li->name, evutil_socket_error_to_string(err));
+
+	if (!accept_out_of_resources(err)) {
+		log_warning("accept on %s failed: %s", li->name, evutil_socket_error_to_string(err));
+		return;
+	}
+	if (!rt->accept_fail_logged || now - rt->accept_fail_logged > ACCEPT_FAIL_LOG_USEC) {
+		log_error("accept() failed: %s; not accepting new connections for %d ms at a time "
+			  "(see max_client_conn and the file descriptor limit)",
+			  evutil_socket_error_to_string(err), (int)(JANITOR_PERIOD_USEC / 1000));
+		rt->accept_fail_logged = now;
+	}
+	rt->accept_paused = true;
+	for (int i = 0; i < rt->n_listeners; i++) {
+		if (rt->listeners[i].l)
+			evconnlistener_disable(rt->listeners[i].l);
+	}
+}
+
+/* The janitor's turn: listen again after accept_error_cb() stopped it. */
+static void listeners_resume(void)
+{
+	if (!rt->accept_paused)
+		return;
+	rt->accept_paused = false;
+	for (int i = 0; i < rt->n_listeners; i++) {
+		if (rt->listeners[i].l)
+			evconnlistener_enable(rt->listeners[i].l);
+	}
 }
 
 static bool start_listeners(void)
@@ -363,6 +455,7 @@ bool lokadb_reload(char *err, size_t errlen)
 	tls_client_apply(tls_ctx);
 	tls_server_apply(tls_sctx);
 	runtime_apply_log_settings();
+	runtime_raise_nofile();
 	plugins_apply(true);
 	pool_apply_config(old);
 	peers_apply();
@@ -478,6 +571,7 @@ static void janitor_cb(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	(void)arg;
+	listeners_resume();
 	pool_janitor();
 }
 

@@ -154,7 +154,8 @@ void server_close(struct server *s, const char *reason, ...)
 	vsnprintf(msg, sizeof(msg), reason, ap);
 	va_end(ap);
 	if (rt->cf->log_disconnections || s->state == SV_LOGIN)
-		log_info("%s closing because: %s", server_ident(s, ident, sizeof(ident)), msg);
+		log_info("%s closing because: %s (age=%llds)", server_ident(s, ident, sizeof(ident)), msg,
+			 (long long)(s->connect_time ? (now_wall() - s->connect_time) / USEC : 0));
 	dns_cancel_arg(rt->dns, s);
 	if (c) {
 		c->link = NULL;

@@ -286,6 +286,25 @@ bool tls_handshake_done(const struct conn_io *io)
 	return io->ssl && io->hs_done;
 }
 
+/*
+ * The common name of the client certificate of a TLS connection into buf:
+ * false when there is none or it was not verified against client_tls_ca_file
+ * (client_tls_sslmode verify-ca / verify-full).
+ */
+bool tls_peer_cn(const struct conn_io *io, char *buf, size_t len)
+{
+	SSL *ssl = io->ssl;
+	X509 *cert;
+
+	buf[0] = 0;
+	if (!ssl || SSL_get_verify_result(ssl) != X509_V_OK)
+		return false;
+	cert = SSL_get0_peer_certificate(ssl);
+	if (!cert)
+		return false;
+	return X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, buf, (int)len) > 0;
+}
+
 /* The OpenSSL error that ended a TLS connection, for a log line. */
 const char *tls_error(const struct conn_io *io, char *buf, size_t len)
 {

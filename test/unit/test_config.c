@@ -8,6 +8,7 @@
  * and removes it at `end:`.
  */
 #include "config.h"
+#include "hba.h"
 #include "unit.h"
 
 #include <ftw.h>
@@ -16,7 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define SETTINGS_IN_STRUCT 75	/* fields from logfile to metrics_listen */
+#define SETTINGS_IN_STRUCT 80	/* fields from logfile to the last setting of struct lk_config */
 
 struct fx {
 	bool made;		/* dir exists and must be removed */
@@ -362,8 +363,8 @@ static bool test_users(void)
 	CHECK(config_find_user(cf, "Batch") == NULL);
 	config_free(cf);
 	cf = NULL;
-	CHECK(load_fails(&fx, "[users]\nx = query_timeout=5\n",
-			 ":2: user \"x\": option \"query_timeout\" is not supported by this version of lokadb"));
+	CHECK(load_fails(&fx, "[users]\nx = reserve_pool_size=5\n",
+			 ":2: user \"x\": option \"reserve_pool_size\" is not supported by this version of lokadb"));
 	CHECK(load_fails(&fx, "[users]\nx = colour=blue\n", ":2: user \"x\": unknown option \"colour\""));
 end:
 	config_free(cf);
@@ -382,8 +383,8 @@ static bool test_ini_errors(void)
 			 ":2: invalid value \"abc\" for max_client_conn: expected an integer"));
 	CHECK(load_fails(&fx, "[lokadb]\npool_mode = sometimes\n",
 			 ":2: invalid value \"sometimes\" for pool_mode: expected one of session, transaction, statement"));
-	CHECK(load_fails(&fx, "[lokadb]\nauth_type = hba\n",
-			 ":2: invalid value \"hba\" for auth_type: expected one of any, trust, plain, md5, scram-sha-256"));
+	CHECK(load_fails(&fx, "[lokadb]\nauth_type = ldap\n",
+			 ":2: invalid value \"ldap\" for auth_type: expected one of any, trust, plain, md5, scram-sha-256, cert, hba"));
 	CHECK(load_fails(&fx, "[lokadb]\nlisten_port = 70000\n",
 			 ":2: value \"70000\" for listen_port is out of range (1 .. 65535)"));
 	CHECK(load_fails(&fx, "[lokadb]\nmax_message_bytes = 4GB\n",
@@ -491,12 +492,8 @@ static bool test_unsupported(void)
 	bool ok = true;
 
 	CHECK(fx_init(&fx));
-	CHECK(load_fails(&fx, "[pgbouncer]\nauth_hba_file = /etc/hba\n",
-			 ":2: setting \"auth_hba_file\" is not supported by this version of lokadb"));
 	CHECK(load_fails(&fx, "[pgbouncer]\nauth_ident_file = /etc/ident\n",
 			 ":2: setting \"auth_ident_file\" is not supported by this version of lokadb"));
-	CHECK(load_fails(&fx, "[pgbouncer]\nauth_hba_file = /etc/hba.conf\n",
-			 ":2: setting \"auth_hba_file\" is not supported by this version of lokadb"));
 	CHECK(load_fails(&fx, "[pgbouncer]\nmax_prepared_statements = 100\n",
 			 ":2: setting \"max_prepared_statements\" is not supported by this version of lokadb"));
 	CHECK(load_fails(&fx, "[pgbouncer]\npeer_id = 16384\n",
@@ -610,8 +607,8 @@ static bool test_set(void)
 	CHECK_STR(err, "setting \"pkt_buf\" cannot be changed at run time; restart lokadb");
 	CHECK(!config_set(cf, "nonsense", "1", err, sizeof(err)));
 	CHECK_STR(err, "unknown setting \"nonsense\"");
-	CHECK(!config_set(cf, "auth_hba_file", "/etc/hba", err, sizeof(err)));
-	CHECK_STR(err, "setting \"auth_hba_file\" is not supported by this version of lokadb");
+	CHECK(!config_set(cf, "auth_ident_file", "/etc/ident", err, sizeof(err)));
+	CHECK_STR(err, "setting \"auth_ident_file\" is not supported by this version of lokadb");
 	CHECK(!config_set(cf, "max_client_conn", "lots", err, sizeof(err)));
 	CHECK_STR(err, "invalid value \"lots\" for max_client_conn: expected an integer");
 	CHECK(cf->max_client_conn == 1000);
@@ -776,8 +773,54 @@ end:
 	return ok;
 }
 
+/* auth_hba_file: read with the ini (relative to it), a bad line refuses the load with FILE:LINE. */
+static bool test_hba_file(void)
+{
+	struct fx fx;
+	struct lk_config *cf = NULL;
+	bool ok = true;
+
+	CHECK(fx_init(&fx));
+	CHECK(load_fails(&fx, "[pgbouncer]\nauth_type = hba\n", ": auth_type hba needs auth_hba_file"));
+	CHECK(load_fails(&fx, "[users]\nu = query_timeout=soon\n",
+			 ":2: user \"u\": invalid query_timeout \"soon\": expected a time such as 15, 1.5, 500ms or 2min"));
+	CHECK(fx_write(&fx, "hba.conf", "# rules\nlocal all all trust\nhost all all 10.0.0.0/40 md5\n"));
+	cf = fx_load(&fx, "[pgbouncer]\nauth_type = hba\nauth_hba_file = hba.conf\n");
+	CHECK(!cf);
+	CHECK(err_is(&fx, "hba.conf", ":3: invalid CIDR mask \"/40\": expected 0 .. 32"));
+	CHECK(fx_write(&fx, "hba.conf", "local all all trust\nhost all all ::1/128 md5\n"));
+	cf = fx_load(&fx, "[pgbouncer]\nauth_type = hba\nauth_hba_file = hba.conf\n"
+		     "max_db_client_connections = 7\nmax_user_client_connections = 8\n"
+		     "[databases]\nd = host=x max_db_client_connections=3\n"
+		     "[users]\nu = max_user_client_connections=4 query_timeout=1.5 transaction_timeout=2min "
+		     "idle_transaction_timeout=500ms client_idle_timeout=30\n");
+	CHECK(cf);
+	CHECK(cf->auth_type == AUTH_HBA);
+	CHECK(cf->hba && cf->hba->n == 2);
+	CHECK(cf->max_db_client_connections == 7 && cf->max_user_client_connections == 8);
+	CHECK(cf->dbs[0].max_db_client_connections == 3);
+	CHECK(cf->users[0].max_user_client_connections == 4);
+	CHECK(cf->users[0].query_timeout == 1500000 && cf->users[0].transaction_timeout == 120 * USEC);
+	CHECK(cf->users[0].idle_transaction_timeout == 500000 && cf->users[0].client_idle_timeout == 30 * USEC);
+	CHECK(!config_set(cf, "auth_hba_file", "other.conf", fx.err, sizeof(fx.err)));
+	CHECK(strstr(fx.err, "change it there and RELOAD") != NULL);
+	CHECK(config_set(cf, "auth_type", "md5", fx.err, sizeof(fx.err)));
+	CHECK(config_set(cf, "auth_type", "hba", fx.err, sizeof(fx.err)));	/* the rules are loaded */
+	config_free(cf);
+	cf = fx_load(&fx, "[pgbouncer]\nauth_type = md5\n");
+	CHECK(cf);
+	CHECK(!config_set(cf, "auth_type", "HBA", fx.err, sizeof(fx.err)));
+	CHECK_STR(fx.err, "auth_type hba needs auth_hba_file: set it in the ini file and RELOAD");
+	CHECK(cf->auth_type == AUTH_MD5);
+end:
+	config_free(cf);
+	fx_done(&fx);
+	return ok;
+}
+
 static const struct unit_case cases[] = {
 	{ "defaults", test_defaults },
+	{ "auth_hba_file and client connection limits", test_hba_file },
 	{ "table shape", test_table_shape },
 	{ "pgbouncer-style ini", test_pgbouncer_ini },
 	{ "databases", test_databases },
