@@ -153,6 +153,9 @@ const struct cf_setting config_settings[] = {
 		"Most server connections per database over all its pools (0 = unlimited)."),
 	{ "max_message_bytes", CF_SIZE, OFF(max_message_bytes), "268435456", MSG_MIN, MSG_MAX, true, NULL,
 	  "Largest protocol message accepted from a client (PgBouncer: max_packet_size)." },
+	INT_ROW(max_prepared_statements, "200", 0, COUNT_MAX, true,
+		"Protocol-level named prepared statements kept per server connection in transaction and statement "
+		"pooling (0 = off: names pass through); a lower value applies as servers evict."),
 	INT_ROW(max_user_connections, "0", 0, COUNT_MAX, true,
 		"Most server connections per user over all its pools (0 = unlimited)."),
 	INT_ROW(min_pool_size, "0", 0, COUNT_MAX, true,
@@ -267,7 +270,6 @@ static const struct pgb_setting {
 	{ "dns_zone_check_period", { "0" } },
 	{ "job_name", { "pgbouncer" } },
 	{ "max_db_client_connections", { "0" } },
-	{ "max_prepared_statements", { "0", "200" } },
 	{ "max_user_client_connections", { "0" } },
 	{ "peer_id", { "0" } },
 	{ "query_wait_notify", { "5" } },

@@ -118,6 +118,7 @@ struct lk_config {
 	usec_t reserve_pool_timeout;
 	int max_db_connections;
 	int max_user_connections;
+	int max_prepared_statements;	/* per server connection; 0 = off */
 	char *server_reset_query;
 	int server_reset_query_always;
 	char *server_check_query;

@@ -16,7 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define SETTINGS_IN_STRUCT 73	/* fields from logfile to plugin_dir */
+#define SETTINGS_IN_STRUCT 74	/* fields from logfile to plugin_dir */
 
 struct fx {
 	bool made;		/* dir exists and must be removed */
