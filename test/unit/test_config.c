@@ -497,13 +497,11 @@ static bool test_unsupported(void)
 			 ":2: setting \"auth_ident_file\" is not supported by this version of lokadb"));
 	CHECK(load_fails(&fx, "[pgbouncer]\nauth_hba_file = /etc/hba.conf\n",
 			 ":2: setting \"auth_hba_file\" is not supported by this version of lokadb"));
-	CHECK(load_fails(&fx, "[pgbouncer]\nmax_prepared_statements = 100\n",
-			 ":2: setting \"max_prepared_statements\" is not supported by this version of lokadb"));
 	CHECK(load_fails(&fx, "[pgbouncer]\npeer_id = 2\n",
 			 ":2: setting \"peer_id\" is not supported by this version of lokadb"));
 	cf = fx_load(&fx, "[pgbouncer]\n"
 		     "client_tls_sslmode = disable\nserver_tls_sslmode = prefer\nauth_user =\n"
-		     "auth_hba_file =\nmax_prepared_statements = 200\npeer_id = 0\n"
+		     "auth_hba_file =\nmax_prepared_statements = 100\npeer_id = 0\n"
 		     "client_tls_protocols = secure\nscram_iterations = 4096\nuser =\n"
 		     "cancel_wait_timeout = 10\nsbuf_loopcnt = 5\n"
 		     "auth_query = SELECT rolname, CASE WHEN rolvaliduntil < now() THEN NULL ELSE rolpassword "
@@ -511,6 +509,7 @@ static bool test_unsupported(void)
 	if (!cf)
 		fprintf(stderr, "  %s\n", fx.err);
 	CHECK(cf);
+	CHECK(cf->max_prepared_statements == 100);	/* implemented now: a real setting */
 end:
 	config_free(cf);
 	fx_done(&fx);
