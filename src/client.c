@@ -856,7 +856,7 @@ static void forward_bytes(struct client *c, struct evbuffer *in, uint32_t n)
 	size_t avail = evbuffer_get_length(in);
 	uint32_t take = avail < n ? (uint32_t)avail : n;
 
-	if (c->fwd_drop) {	/* the rest of a message the pooler refused */
+	if (c->fwd_drop || !c->link) {	/* the rest of a message the pooler refused (or its server is gone) */
 		evbuffer_drain(in, take);
 		c->fwd_remaining = n - take;
 		c->fwd_drop = c->fwd_remaining != 0;
