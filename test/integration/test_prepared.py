@@ -12,6 +12,9 @@ import subprocess
 import pytest
 
 from lokadb_harness import PGBENCH, SLOW, Wire, assert_serves, message
+# org_routing's fixtures and helpers, for its re-parse at a Bind (no tests are imported)
+from test_org_routing import (ISOLATED, ISOLATED2, ORM_FEED, USER, app, check_feed_binds,  # noqa: F401
+                              direct, router, stats)
 
 
 def run_client(cmd, timeout=60):
@@ -357,3 +360,27 @@ def test_sql_prepare_and_execute_pass_through(bouncer_factory):
             c.execute("prepare sq(int) as select $1 * $1")
             assert c.execute("execute sq(9)").fetchone()[0] == 81
             c.execute("deallocate sq")
+
+
+# ----------------------------------------------------- plugins' re-parse --
+
+def test_org_routing_reparse_at_bind_gets_a_statement_of_its_own_text(router, app):
+    """org_routing parses a named statement again at the Bind with the
+    leaf text of the Bind's organization (query_reparse): in transaction
+    mode the client's name then stands for that text, which the servers
+    prepare as a statement of its own; going back to the client's text
+    finds the first one again."""
+    b = router(settings={"pool_mode": "transaction", "default_pool_size": 2})
+    st0 = stats(b)
+    with b.connect("app", USER, prepare_threshold=0) as c:
+        for _ in range(3):
+            check_feed_binds(b, app, c, True, [ISOLATED, 1, ISOLATED2, 3, ISOLATED])
+        orgs = [ISOLATED, 1, ISOLATED2, 3, ISOLATED, ISOLATED2, 1]
+        with c.pipeline():
+            curs = [(o, c.execute(ORM_FEED, [o])) for o in orgs]
+        for o, cur in curs:
+            assert cur.fetchall() == direct(app, ORM_FEED, [o]), o
+    assert stats(b)["reparsed"] - st0["reparsed"] >= 6
+    # the parent text and the two leaf texts: three statements, not one per Bind
+    counts = [int(r["prepared_statements"]) for r in b.admin_dicts("show servers")]
+    assert counts and max(counts) == 3, counts
