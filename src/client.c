@@ -1081,7 +1081,7 @@ static void ps_send_whole(struct client *c, const uint8_t *msg, uint32_t mlen)
  */
 static bool ps_message(struct client *c, struct evbuffer *in, char type, uint32_t len)
 {
-	uint32_t used = 0, have;
+	uint32_t used = 0, have, peek;
 	int rc;
 
 	if (type != 'B') {
@@ -1093,8 +1093,8 @@ static bool ps_message(struct client *c, struct evbuffer *in, char type, uint32_
 		return !c->closing && !c->throttled;
 	}
 	have = (uint32_t)(evbuffer_get_length(in) < (size_t)len + 1 ? evbuffer_get_length(in) : (size_t)len + 1);
-	rc = ps_bind(c, evbuffer_pullup(in, have < PS_BIND_PEEK ? have : PS_BIND_PEEK), have < PS_BIND_PEEK ? have : PS_BIND_PEEK,
-		     len + 1, &used);
+	peek = have < PS_BIND_PEEK ? have : PS_BIND_PEEK;
+	rc = ps_bind(c, evbuffer_pullup(in, peek), peek, len + 1, &used);
 	if (rc == PS_MORE && have > PS_BIND_PEEK)
 		rc = ps_bind(c, evbuffer_pullup(in, have), have, len + 1, &used);
 	if (rc == PS_MORE) {

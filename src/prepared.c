@@ -541,17 +541,19 @@ static void put_escaped(struct pktbuf *pb, const char *s)
 static int ps_fail(struct client *c, const char *sqlstate, const char *fmt, const char *name)
 {
 	struct server *s = c->link;
+	static const char head[] = "DO $lokadb$BEGIN RAISE EXCEPTION USING ERRCODE = '";
+	static const char mid[] = "', MESSAGE = E'";
 	struct pktbuf *pb = &rt->pb;
 	char msg[256];
 
 	if (strstr(name, "$lokadb$"))
-		name = "?";
+		name = "?";	/* it would end the DO block's quoting */
 	snprintf(msg, sizeof(msg), fmt, name);
 	pkt_begin(pb, 'P');
 	pkt_put_string(pb, "");
-	pkt_put_bytes(pb, "DO $lokadb$BEGIN RAISE EXCEPTION USING ERRCODE = '", strlen("DO $lokadb$BEGIN RAISE EXCEPTION USING ERRCODE = '"));
+	pkt_put_bytes(pb, head, sizeof(head) - 1);
 	pkt_put_bytes(pb, sqlstate, strlen(sqlstate));
-	pkt_put_bytes(pb, "', MESSAGE = E'", strlen("', MESSAGE = E'"));
+	pkt_put_bytes(pb, mid, sizeof(mid) - 1);
 	put_escaped(pb, msg);
 	pkt_put_string(pb, "'; END$lokadb$");
 	pkt_put_int16(pb, 0);
@@ -683,7 +685,10 @@ int ps_parse(struct client *c, const uint8_t *msg, uint32_t mlen)
 	return PS_DONE;
 }
 
-/* The entry of the client's statement `name`, made present on its server. NULL: failed (error queued or server gone). */
+/*
+ * The entry of the client's statement `name`, made present on its server.
+ * NULL: failed (*rc: PS_FAIL with the error queued, or the server is gone).
+ */
 static struct ps_entry *bound_entry(struct client *c, const char *name, int *rc)
 {
 	struct ps_cname *cn = cname_find(c, name, NULL);

@@ -82,7 +82,10 @@ static inline struct rq_item *rq_head(const struct replyq *q)
 struct rq_item *server_expect(struct server *s, char type, int act);
 /* Write the synthesized replies now at the head of the queue to the client. */
 void rq_flush_synth(struct server *s);
-/* An ErrorResponse to an extended-protocol message: drop the items up to the next Sync, undoing them. true: a Sync is queued. */
+/*
+ * An ErrorResponse to an extended-protocol message: drop the items up to
+ * the next Sync, undoing them. true: a Sync is queued.
+ */
 bool rq_discard_batch(struct server *s);
 /* CommandComplete "DISCARD ALL" / "DEALLOCATE ALL": the session's statements are gone. */
 void ps_statements_dropped(struct server *s, bool for_client);
