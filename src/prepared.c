@@ -599,6 +599,16 @@ static bool srv_make_room(struct server *s)
 	return true;
 }
 
+static void send_parse(struct server *s, const struct ps_entry *e)
+{
+	pkt_begin(&rt->pb, 'P');
+	pkt_put_string(&rt->pb, e->name);
+	pkt_put_bytes(&rt->pb, e->body, e->blen);
+	pkt_end(&rt->pb);
+	pkt_send(&rt->pb, bufferevent_get_output(s->bev));
+	s->pool->stats.server_parse_count++;
+}
+
 /* Send the Parse of e under its server name; act RQ_FWD for the client's own Parse. NULL: the server is closed. */
 static struct rq_item *srv_prepare(struct server *s, struct ps_entry *e, int act)
 {
@@ -615,12 +625,7 @@ static struct rq_item *srv_prepare(struct server *s, struct ps_entry *e, int act
 	}
 	it->undo = RQ_UNDO_SRV_PARSE;
 	it->e = entry_ref(e);
-	pkt_begin(&rt->pb, 'P');
-	pkt_put_string(&rt->pb, e->name);
-	pkt_put_bytes(&rt->pb, e->body, e->blen);
-	pkt_end(&rt->pb);
-	pkt_send(&rt->pb, bufferevent_get_output(s->bev));
-	s->pool->stats.server_parse_count++;
+	send_parse(s, e);
 	return it;
 }
 
@@ -671,6 +676,18 @@ int ps_parse(struct client *c, const uint8_t *msg, uint32_t mlen)
 	e = entry_get(msg + body_off, mlen - body_off);
 	if (!e || !cname_add(c, name, e)) {
 		client_close(c, "53200", "out of memory");
+		return PS_DONE;
+	}
+	if (sstmt_find(s, e) && s->txn_status == 'E' && !s->rq.count) {
+		/* in a failed transaction PostgreSQL refuses every Parse (25P02): let
+		 * it, so that the name is not created; the server keeps its statement */
+		it = server_expect(s, 'P', RQ_FWD);
+		if (it) {
+			it->undo = RQ_UNDO_CL_PARSE;
+			it->e = entry_ref(e);
+			it->name = xstrdup(name);
+			send_parse(s, e);
+		}
 		return PS_DONE;
 	}
 	if (sstmt_find(s, e)) {

@@ -261,6 +261,21 @@ def test_duplicate_name_gives_42P05_and_aborts_like_postgres(bouncer_factory):
     w.close()
 
 
+def test_parse_in_a_failed_transaction_is_refused_and_creates_no_name(bouncer_factory):
+    b = make(bouncer_factory, default_pool_size=1)
+    w = b.login("p0")
+    assert types(batch(w, P("f", "select 6"), S)) == "1Z"      # the server has the text now
+    w.query("begin")
+    assert w.query("select 1/0", raise_error=False).error.sqlstate == "22012"
+    m = batch(w, P("g", "select 6"), S)
+    assert error_of(m)["C"] == "25P02" and ready_status(m) == "E"
+    w.query("rollback")
+    # "g" was not created; the server still has the statement "f" uses
+    m = batch(w, P("g", "select 6"), B("g"), E(), B("f"), E(), S)
+    assert types(m) == "12DC2DCZ" and rows(m) == ["6", "6"]
+    w.close()
+
+
 def test_unknown_name_gives_26000_and_close_of_it_is_no_error(bouncer_factory):
     b = make(bouncer_factory, default_pool_size=1)
     w = b.login("p0")
