@@ -168,6 +168,27 @@ def test_psycopg_pipeline_with_prepared_statements_in_transaction_mode(bouncer_f
     assert_serves(b)
 
 
+def server_parses(b, db="p0"):
+    return int([r for r in b.admin_dicts("show stats") if r["database"] == db][0]["total_server_parse_count"])
+
+
+@pytest.mark.parametrize("pool_mode", ["transaction", "statement"])
+def test_statements_outlive_their_client_and_serve_the_next_one(bouncer_factory, pool_mode):
+    b = make(bouncer_factory, pool_mode=pool_mode, default_pool_size=1)
+    w1 = b.login("p0")
+    assert rows(batch(w1, P("mine", "select $1::int - 1"), B("mine", [10]), E(), S)) == ["9"]
+    w1.close()
+    n = server_parses(b)
+    w2 = b.login("p0")
+    for i in range(3):     # another client, another name, the same text: no Parse reaches the server
+        m = batch(w2, P(f"its{i}", "select $1::int - 1"), B(f"its{i}", [i]), E(), S)
+        assert types(m) == "12DCZ" and rows(m) == [str(i - 1)]
+    assert server_parses(b) == n
+    assert console_row(b, "clients", lambda r: r["prepared_statements"] == "3")
+    assert console_row(b, "servers", lambda r: r["prepared_statements"] == "1")
+    w2.close()
+
+
 # ------------------------------------------------------------ pipeline order --
 
 def test_pipeline_of_parse_describe_bind_close_keeps_reply_order(bouncer_factory):
