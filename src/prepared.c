@@ -469,26 +469,78 @@ void rq_flush_synth(struct server *s)
 	}
 }
 
-/* The server skipped the message of `it`: take back what sending it did. */
-static void item_undo(struct server *s, struct rq_item *it)
+#define RQ_UNDO_SRV (RQ_UNDO_SRV_PARSE | RQ_UNDO_SRV_CLOSE)
+#define RQ_UNDO_CL (RQ_UNDO_CL_PARSE | RQ_UNDO_CL_CLOSE)
+
+/* Did a message after the Sync at `sync` change the client name of skipped item `it` again? */
+static bool name_changed_later(const struct server *s, uint32_t sync, const struct rq_item *it)
+{
+	for (uint32_t j = sync + 1; j < s->rq.count; j++) {
+		const struct rq_item *o = rq_at(&s->rq, j);
+		if ((o->undo & RQ_UNDO_CL) && o->name && strcmp(o->name, it->name) == 0)
+			return true;
+	}
+	return false;
+}
+
+/*
+ * The server skipped the message of `it`: its client name is what it was
+ * before, unless a later message (after the Sync) changed it again, which
+ * is then what it is now.
+ */
+static void name_undo(struct server *s, uint32_t sync, const struct rq_item *it)
 {
 	struct client *c = s->link;
 	struct ps_cname *cn;
 
-	if ((it->undo & RQ_UNDO_SRV_PARSE) && it->e) {
-		struct ps_sstmt *st = sstmt_find(s, it->e);
-		if (st)
-			sstmt_del(s, st);
-	}
-	if ((it->undo & RQ_UNDO_SRV_CLOSE) && it->e && !sstmt_find(s, it->e) && !sstmt_add(s, it->e, true))
-		s->close_needed = true;		/* cannot track it: do not reuse this connection */
-	if (!c || !it->name)
+	if (!c || !it->name || !(it->undo & RQ_UNDO_CL) || name_changed_later(s, sync, it))
 		return;
 	cn = cname_find(c, it->name, NULL);
 	if ((it->undo & RQ_UNDO_CL_PARSE) && cn && cn->e == it->e)
 		cname_del(c, cn);
 	if ((it->undo & RQ_UNDO_CL_CLOSE) && !cn && it->e)
 		cname_add(c, it->name, entry_ref(it->e));
+}
+
+/*
+ * The server skipped items 0..sync-1, among them item i, the first to
+ * prepare or close its statement e: e is on the server as it was before
+ * (absent before a Parse, present before a Close), changed by the messages
+ * after the Sync. Those were sent believing otherwise: a Parse of a
+ * statement the server still has fails (42P05) and must then not drop it, a
+ * Close of one it does not have must not bring it back when skipped.
+ */
+static void srv_resettle(struct server *s, uint32_t sync, uint32_t i)
+{
+	struct rq_item *it = rq_at(&s->rq, i);
+	struct ps_sstmt *st;
+	bool have;
+
+	if (!it->e || !(it->undo & RQ_UNDO_SRV))
+		return;
+	for (uint32_t k = 0; k < i; k++)
+		if (rq_at(&s->rq, k)->e == it->e && (rq_at(&s->rq, k)->undo & RQ_UNDO_SRV))
+			return;		/* settled with an earlier item */
+	have = (it->undo & RQ_UNDO_SRV_CLOSE) != 0;
+	for (uint32_t j = sync + 1; j < s->rq.count; j++) {
+		struct rq_item *o = rq_at(&s->rq, j);
+		if (o->e != it->e || !(o->undo & RQ_UNDO_SRV))
+			continue;
+		if (o->undo & RQ_UNDO_SRV_PARSE) {
+			if (have)
+				o->undo &= (uint8_t)~RQ_UNDO_SRV_PARSE;
+			have = true;
+		} else {
+			if (!have)
+				o->undo &= (uint8_t)~RQ_UNDO_SRV_CLOSE;
+			have = false;
+		}
+	}
+	st = sstmt_find(s, it->e);
+	if (st && !have)
+		sstmt_del(s, st);
+	else if (!st && have && !sstmt_add(s, it->e, true))
+		s->close_needed = true;		/* cannot track it: do not reuse this connection */
 }
 
 bool rq_discard_batch(struct server *s)
@@ -498,8 +550,10 @@ bool rq_discard_batch(struct server *s)
 
 	while ((it = rq_at(&s->rq, n)) && it->type != 'S')
 		n++;
-	for (uint32_t i = n; i-- > 0;)		/* newest first: a Close after a Parse of the same name */
-		item_undo(s, rq_at(&s->rq, i));
+	for (uint32_t i = n; i-- > 0;)		/* names newest first: a Close after a Parse of the same name */
+		name_undo(s, n, rq_at(&s->rq, i));
+	for (uint32_t i = 0; i < n; i++)
+		srv_resettle(s, n, i);
 	while (n--)
 		rq_pop(&s->rq);
 	return s->rq.count > 0;
