@@ -276,6 +276,34 @@ end:
 	return ok;
 }
 
+/*
+ * A failed batch whose statements the next, already pipelined batch closed
+ * and prepared again: the server ends up with what that next batch does.
+ */
+static bool test_failed_batch_settles_with_the_next_one(void)
+{
+	struct fx f;
+	char t[32], n[256];
+	bool ok = true;
+
+	CHECK(fx_init(&f, 1));
+	CHECK(do_parse(&f.c, "x", "select 1") == PS_DONE);	/* batch 1: fails */
+	CHECK(rq_push(&f.s.rq, 'S', RQ_FWD));
+	CHECK(do_parse(&f.c, "y", "select 2") == PS_DONE);	/* batch 2: closes x, prepares y */
+	CHECK(do_bind(&f.c, "x") == PS_DONE);			/* ... closes y, prepares x again */
+	out_take(f.s.bev, t, sizeof(t), n, sizeof(n));
+	CHECK_STR(t, "PCPCPB");
+	CHECK(rq_discard_batch(&f.s));		/* ErrorResponse to batch 1's Parse */
+	CHECK(ps_client_count(&f.c) == 1);	/* "x" was never created; "y" was */
+	CHECK(ps_server_count(&f.s) == 1);	/* batch 2's Parse of x's text will run */
+	CHECK(do_bind(&f.c, "y") == PS_DONE);	/* y was closed by batch 2: again, making room */
+	out_take(f.s.bev, t, sizeof(t), n, sizeof(n));
+	CHECK_STR(t, "CPB");
+end:
+	fx_done(&f);
+	return ok;
+}
+
 static bool test_synthesized_replies_wait_their_turn(void)
 {
 	struct fx f;
@@ -306,6 +334,7 @@ static const struct unit_case cases[] = {
 	{ "second client's parse is answered by the pooler", test_second_client_parse_is_answered_by_the_pooler },
 	{ "lru evicts the oldest and re-prepares on bind", test_lru_evicts_oldest_and_reprepares_on_bind },
 	{ "messages the server skipped are undone", test_skipped_messages_are_undone },
+	{ "a failed batch settles with the next one", test_failed_batch_settles_with_the_next_one },
 	{ "synthesized replies wait their turn", test_synthesized_replies_wait_their_turn },
 	{ NULL, NULL }
 };
