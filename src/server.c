@@ -686,8 +686,9 @@ static bool inspect_message(struct server *s, struct evbuffer *in, const uint8_t
 		s->copy_in = false;	/* an error ends COPY IN */
 		/* after an extended-protocol message PostgreSQL skips the batch up to its
 		 * Sync; a client without one in flight has the rest of its batch dropped
-		 * up to the Sync it sends */
-		if (head && !owes_rfq(head->type) && !rq_discard_batch(s) && s->link)
+		 * up to the Sync it sends (not a message a plugin's hook holds: that
+		 * one goes on when decided, and the server skips it) */
+		if (head && !owes_rfq(head->type) && !rq_discard_batch(s) && s->link && !s->link->qev)
 			s->link->skip_to_sync = true;
 	}
 	move_bytes(s, in, len + 1);
