@@ -11,11 +11,12 @@
  * Invariants:
  *   - an entry lives while anything refers to it (refs > 0): a client name,
  *     a server's LRU, a queue item; at 0 it leaves the cache and is freed;
- *   - a server's LRU holds what the server has prepared, counting what was
- *     sent and not yet answered; an ErrorResponse undoes what the server
- *     skipped (rq_discard_batch), so the LRU never claims a statement the
- *     server lacks nor misses one it has (a Parse of a name the server
- *     already has would fail);
+ *   - a server's LRU holds what the server will have prepared once what was
+ *     sent has run; an ErrorResponse undoes what the server skipped
+ *     (rq_discard_batch, srv_resettle), so the LRU never claims a statement
+ *     the server lacks nor misses one it has (a Parse of a name the server
+ *     already has would fail). test/fuzz/fuzz_prepared.c checks this
+ *     against a model of the server;
  *   - a client's map changes when its message is sent (the pipeline order
  *     of later messages relies on it) and is undone the same way.
  *

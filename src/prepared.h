@@ -17,7 +17,10 @@
  *             in pipeline order.
  * After an ErrorResponse to an extended-protocol message the server skips
  * everything up to the next Sync: those items are discarded and what they
- * did to the statement maps is undone (rq_item.undo), newest first.
+ * did to the statement maps is undone (rq_item.undo). What a later batch,
+ * already sent, did to the same statement or name stays: it came last. A
+ * client name goes back to what it was; a server's statement is settled
+ * from its state before the failed batch and the later messages.
  *
  * Prepared statements (only for clients with c->ps_on):
  *   - one global cache: Parse body (query text + parameter type OIDs) ->
