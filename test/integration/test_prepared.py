@@ -189,6 +189,26 @@ def test_statements_outlive_their_client_and_serve_the_next_one(bouncer_factory,
     w2.close()
 
 
+def test_psycopg_pipeline_with_an_error_behaves_as_postgresql(bouncer_factory):
+    """The statement parsed after the failed one was skipped by the server:
+    it does not exist, so psycopg (which counts it as prepared) gets
+    26000 for it, exactly as against PostgreSQL itself; the one parsed
+    before the error exists and runs."""
+    from psycopg import errors
+    b = make(bouncer_factory, default_pool_size=2)
+    with b.connect("p0", prepare_threshold=0) as c:
+        with pytest.raises(errors.DivisionByZero):
+            with c.pipeline():
+                c.execute("select %s::int + 1", (1,))
+                c.execute("select 10 / %s::int", (0,))
+                c.execute("select %s::int * 5", (1,))
+        assert c.execute("select %s::int + 1", (6,)).fetchone()[0] == 7
+        with pytest.raises(errors.InvalidSqlStatementName):
+            c.execute("select %s::int * 5", (2,))
+        assert c.execute("select 10 / %s::int", (5,)).fetchone()[0] == 2
+    assert_serves(b)
+
+
 # ------------------------------------------------------------ pipeline order --
 
 def test_pipeline_of_parse_describe_bind_close_keeps_reply_order(bouncer_factory):
