@@ -212,7 +212,7 @@ static void sock_debug_cols(const char **v, char b[][24], struct bufferevent *be
 
 static void client_row(struct admin_ctx *a, struct client *c, const char *state, bool debug)
 {
-	char host[64], lhost[64], b[8][24], ct[40], ptr[24], link[24], tlsbuf[128];
+	char host[64], lhost[64], b[8][24], psb[24], ct[40], ptr[24], link[24], tlsbuf[128];
 	int port, lport;
 	usec_t wait = c->state == CL_WAITING ? now_mono() - c->wait_start : 0;
 	const char *v[N_SOCK_DEBUG_COLS];
@@ -233,7 +233,7 @@ static void client_row(struct admin_ctx *a, struct client *c, const char *state,
 	v[9] = ct; v[10] = ct; v[11] = fmt_int(b[2], wait / USEC); v[12] = fmt_int(b[3], wait % USEC);
 	v[13] = "0"; v[14] = ptr; v[15] = c->link ? link : ""; v[16] = "0";
 	v[17] = c->tls && c->bev ? tls_describe(&c->io, tlsbuf, sizeof(tlsbuf)) : "";
-	v[18] = c->vars.v[VAR_APPNAME] ? c->vars.v[VAR_APPNAME] : ""; v[19] = "0";
+	v[18] = c->vars.v[VAR_APPNAME] ? c->vars.v[VAR_APPNAME] : ""; v[19] = fmt_u64(psb, ps_client_count(c));
 	v[20] = fmt_u64(b[4], c->id);
 	if (debug)
 		sock_debug_cols(v, b + 5, c->bev, c->fwd_remaining);
@@ -276,7 +276,7 @@ static void server_row(struct admin_ctx *a, struct server *s, const char *state,
 	v[16] = fmt_int(b[1], s->backend_pid);
 	v[17] = s->io.tls && s->bev ? tls_describe(&s->io, tlsbuf, sizeof(tlsbuf)) : "";
 	v[18] = s->vars.v[VAR_APPNAME] ? s->vars.v[VAR_APPNAME] : "";
-	v[19] = "0"; v[20] = fmt_u64(b[2], s->id);
+	v[19] = fmt_u64(b[6], ps_server_count(s)); v[20] = fmt_u64(b[2], s->id);
 	if (debug)
 		sock_debug_cols(v, b + 3, s->bev, s->fwd_remaining);
 	pkt_data_row(a->pb, debug ? N_SOCK_DEBUG_COLS : N_SOCK_COLS, v);
@@ -405,6 +405,12 @@ void admin_stats_sum(struct lk_db *db, struct lk_stats *tot, struct lk_stats *av
 		avg->query_count += g->query_count;
 		avg->server_assignment_count += g->server_assignment_count;
 		avg->client_login_count += g->client_login_count;
+		tot->client_parse_count += s->client_parse_count;
+		tot->server_parse_count += s->server_parse_count;
+		tot->bind_count += s->bind_count;
+		avg->client_parse_count += g->client_parse_count;
+		avg->server_parse_count += g->server_parse_count;
+		avg->bind_count += g->bind_count;
 		avg->bytes_received += g->bytes_received;
 		avg->bytes_sent += g->bytes_sent;
 		wavg_add(&wx, g->xact_time, g->xact_count);
@@ -417,8 +423,8 @@ void admin_stats_sum(struct lk_db *db, struct lk_stats *tot, struct lk_stats *av
 }
 
 /*
- * The eight counters lokadb keeps, in PgBouncer's column order, then its
- * three prepared-statement counters (always 0 here): 11 values into v[].
+ * The counters, in PgBouncer's column order (the last three: prepared
+ * statements): 11 values into v[].
  */
 static void stats_values(const struct lk_stats *t, char b[][24], const char **v)
 {
@@ -430,9 +436,9 @@ static void stats_values(const struct lk_stats *t, char b[][24], const char **v)
 	v[5] = fmt_u64(b[5], t->xact_time);
 	v[6] = fmt_u64(b[6], t->query_time);
 	v[7] = fmt_u64(b[7], t->wait_time);
-	v[8] = "0";
-	v[9] = "0";
-	v[10] = "0";
+	v[8] = fmt_u64(b[8], t->client_parse_count);
+	v[9] = fmt_u64(b[9], t->server_parse_count);
+	v[10] = fmt_u64(b[10], t->bind_count);
 }
 #define N_STATS_VALUES 11
 

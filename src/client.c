@@ -172,6 +172,7 @@ void client_free_now(struct client *c)
 	if (c->hooked)
 		plugin_client_close(c);
 	plugin_client_free(c);
+	ps_client_free(c);
 	authq_cancel(c);
 	if (c->bev) {
 		conn_free(&c->io, c->bev);
@@ -906,6 +907,7 @@ static void client_login_done(struct client *c)
 		return;
 	}
 	pool_take_scram_keys(c->pool, c);
+	c->ps_on = pool_mode_of(c->pool) != POOL_SESSION && rt->cf->max_prepared_statements > 0;
 	if (rt->cf->application_name_add_host && c->addr.ss_family != AF_UNIX)
 		add_host_to_appname(c);
 	if (rt->cf->log_connections) {
@@ -980,6 +982,7 @@ void client_resume(struct client *c)
 /* ================= after login ================= */
 
 static const char valid_frontend[] = "QPBEDCHSXdcfF";
+#define PS_BIND_PEEK 1024	/* bytes of a Bind looked at first for its portal and statement names */
 
 /* Move up to `n` bytes of the current message to the server. */
 static void forward_bytes(struct client *c, struct evbuffer *in, uint32_t n)
@@ -989,7 +992,7 @@ static void forward_bytes(struct client *c, struct evbuffer *in, uint32_t n)
 	size_t avail = evbuffer_get_length(in);
 	uint32_t take = avail < n ? (uint32_t)avail : n;
 
-	if (c->fwd_drop) {	/* the rest of a message the pooler refused */
+	if (c->fwd_drop || !c->link) {	/* the rest of a message the pooler refused (or its server is gone) */
 		evbuffer_drain(in, take);
 		c->fwd_remaining = n - take;
 		c->fwd_drop = c->fwd_remaining != 0;
@@ -1023,23 +1026,31 @@ static void note_sent_to_server(struct client *c, char type)
 	switch (type) {
 	case 'S':
 		if (!s->copy_in)	/* PostgreSQL ignores Sync during COPY IN */
-			pend_push(&s->pend, PEND_SYNC);
+			server_expect(s, 'S', RQ_FWD);
 		s->ext_open = false;
 		break;
 	case 'P':
-	case 'C':
-		s->acks_pending++;	/* ParseComplete / CloseComplete to come */
+		if (!c->ps_on)	/* else ps_parse() counts it */
+			s->pool->stats.client_parse_count++;
+		s->pool->stats.server_parse_count++;
+		server_expect(s, type, RQ_FWD);
 		s->ext_open = true;
 		break;
 	case 'B':
+		if (!c->ps_on)	/* else ps_bind() counts it */
+			s->pool->stats.bind_count++;
+		/* fall through */
+	case 'C':
 	case 'E':
 	case 'D':
+		server_expect(s, type, RQ_FWD);
+		/* fall through */
 	case 'H':
 		s->ext_open = true;
 		break;
 	case 'Q':
 	case 'F':
-		pend_push(&s->pend, PEND_CLIENT);
+		server_expect(s, type, RQ_FWD);
 		break;
 	case 'c':
 	case 'f':
@@ -1159,6 +1170,142 @@ static int client_acquire(struct client *c, struct evbuffer *in, char type, uint
 	return pool_acquire(c) ? 1 : 0;
 }
 
+/* ================= prepared statements (prepared.c) ================= */
+
+/* Stop reading the client while its server's output is full. */
+static void check_server_output(struct client *c)
+{
+	if (c->link && evbuffer_get_length(bufferevent_get_output(c->link->bev)) > WRITE_HIGH_WATER) {
+		c->throttled = true;
+		conn_want_read(&c->io, false);
+	}
+}
+
+/*
+ * A whole Parse/Bind/Describe/Close of a client with prepared statements,
+ * at msg (mlen bytes with the type byte): mapped onto its server. The
+ * caller drops the client's copy of the message.
+ */
+static void ps_send_whole(struct client *c, const uint8_t *msg, uint32_t mlen)
+{
+	struct server *s = c->link;
+	uint32_t used = 0;
+	int rc;
+
+	note_sent_to_server(c, 'H');	/* the activity; the reply items come from prepared.c */
+	switch (msg[0]) {
+	case 'P': rc = ps_parse(c, msg, mlen); break;
+	case 'B': rc = ps_bind(c, msg, mlen, mlen, &used); break;
+	case 'D': rc = ps_describe(c, msg, mlen); break;
+	default: rc = ps_close(c, msg, mlen); break;
+	}
+	if (c->closing || s->closing)
+		return;
+	s->pool->stats.bytes_received += mlen;
+	if (rc == PS_PASS) {
+		note_sent_to_server(c, (char)msg[0]);
+		evbuffer_add(bufferevent_get_output(s->bev), msg, mlen);
+	} else if (rc == PS_DONE && used) {
+		evbuffer_add(bufferevent_get_output(s->bev), msg + used, mlen - used);
+	} else if (rc == PS_FAIL) {
+		c->skip_to_sync = true;
+	}
+	check_server_output(c);
+}
+
+/*
+ * Parse/Bind/Describe/Close of a client with prepared statements (c linked).
+ * A Bind's parameters are moved to the server without a copy; the other
+ * messages are small and read whole.
+ */
+static bool ps_message(struct client *c, struct evbuffer *in, char type, uint32_t len)
+{
+	uint32_t used = 0, have, peek;
+	int rc;
+
+	if (type != 'B') {
+		if (!want_whole(c, in, len))
+			return false;
+		ps_send_whole(c, evbuffer_pullup(in, (ssize_t)len + 1), len + 1);
+		if (!c->closing)
+			drop_message(c, in, len);
+		return !c->closing && !c->throttled;
+	}
+	have = (uint32_t)(evbuffer_get_length(in) < (size_t)len + 1 ? evbuffer_get_length(in) : (size_t)len + 1);
+	peek = have < PS_BIND_PEEK ? have : PS_BIND_PEEK;
+	rc = ps_bind(c, evbuffer_pullup(in, peek), peek, len + 1, &used);
+	if (rc == PS_MORE && have > PS_BIND_PEEK)
+		rc = ps_bind(c, evbuffer_pullup(in, have), have, len + 1, &used);
+	if (rc == PS_MORE) {
+		want_whole(c, in, len);
+		return false;
+	}
+	if (c->closing)
+		return false;
+	note_sent_to_server(c, 'H');
+	if (rc == PS_PASS) {
+		note_sent_to_server(c, 'B');
+		forward_bytes(c, in, len + 1);
+	} else if (rc == PS_DONE && used) {
+		evbuffer_drain(in, used);
+		c->link->pool->stats.bytes_received += used;
+		forward_bytes(c, in, len + 1 - used);
+	} else {
+		if (rc == PS_FAIL)
+			c->skip_to_sync = true;
+		drop_message(c, in, len);
+	}
+	check_server_output(c);
+	return !c->closing && !c->throttled;
+}
+
+/* A plugin's re-parse before a Bind: the bound statement gets the plugin's text on the server first. */
+static void send_reparse(struct client *c, struct lk_event *ev)
+{
+	struct server *s = c->link;
+	const char *name = plugin_event_stmt(ev);
+	int hidden;
+
+	if (c->ps_on && name && name[0]) {
+		/* the name now stands for the new text: a cache entry of its own */
+		if (ps_reparse(c, name, plugin_event_reparse(ev)))
+			plugin_note_parse(c, name, plugin_event_reparse(ev));
+		return;
+	}
+	if (!plugin_query_reparse_msgs(c, ev, &rt->pb, &hidden))
+		return;
+	if ((hidden == 2 && !server_expect(s, 'C', RQ_HIDE)) || !server_expect(s, 'P', RQ_HIDE)) {
+		pkt_reset(&rt->pb);
+		return;
+	}
+	s->ext_open = true;
+	pkt_send(&rt->pb, bufferevent_get_output(s->bev));
+}
+
+/* The decided Parse/Bind of a watched client with prepared statements: the plugin's version of it, mapped. */
+static void ps_watched(struct client *c, struct lk_event *ev, struct evbuffer *in, uint32_t len)
+{
+	uint8_t *copy = NULL;
+
+	if (plugin_query_build(c, ev, &rt->pb)) {
+		uint32_t n = (uint32_t)rt->pb.len;
+		copy = malloc(n);
+		if (!copy) {
+			pkt_reset(&rt->pb);
+			client_close(c, "53200", "out of memory");
+			return;
+		}
+		memcpy(copy, rt->pb.data, n);
+		pkt_reset(&rt->pb);
+		ps_send_whole(c, copy, n);
+		free(copy);
+	} else {
+		ps_send_whole(c, evbuffer_pullup(in, (ssize_t)len + 1), len + 1);
+	}
+	if (!c->closing)
+		drop_message(c, in, len);
+}
+
 /* Query, Parse or Bind of a client a plugin watches: the QUERY hook decides. */
 static bool watched_message(struct client *c, struct evbuffer *in, char type, uint32_t len)
 {
@@ -1221,26 +1368,15 @@ static bool watched_message(struct client *c, struct evbuffer *in, char type, ui
 	}
 	for (int i = 0; i < n_prefix; i++)
 		server_send_hidden(c->link, prefix[i]);
-	if (type == 'B' && plugin_query_wants_reparse(ev)) {
-		struct server *s = c->link;
-		int hidden;
-		/* the hidden acks are counted per batch: refuse rather than risk showing one */
-		if (s->n_hide >= (int)(sizeof(s->hide) / sizeof(s->hide[0])) || pend_has_client(&s->pend)) {
-			c->qev = NULL;
-			fail_message(c, in, type, len, "0A000",
-				     "a plugin's re-parse cannot be sent while an earlier pipelined batch is still running");
-			plugin_event_free(ev);
-			return !c->closing;
-		}
-		if (plugin_query_reparse_msgs(c, ev, &rt->pb, &hidden)) {
-			s->hide[s->n_hide].after = s->acks_pending;
-			s->hide[s->n_hide].count = (uint8_t)hidden;
-			s->n_hide++;
-			s->ext_open = true;
-			pkt_send(&rt->pb, bufferevent_get_output(s->bev));
-		}
-	}
+	if (type == 'B' && plugin_query_wants_reparse(ev))
+		send_reparse(c, ev);
 	c->request_time = rt->now;
+	if (c->ps_on && (type == 'P' || type == 'B') && !c->closing) {
+		ps_watched(c, ev, in, len);
+		c->qev = NULL;
+		plugin_event_free(ev);
+		return !c->throttled && !c->fwd_remaining && !c->closing;
+	}
 	note_sent_to_server(c, type);
 	if (plugin_query_build(c, ev, &rt->pb)) {
 		struct evbuffer *out = bufferevent_get_output(c->link->bev);
@@ -1340,6 +1476,8 @@ static bool client_message(struct client *c, struct evbuffer *in)
 			return r < 0 && !c->closing;
 	}
 	c->request_time = rt->now;
+	if (c->ps_on && (hdr[0] == 'P' || hdr[0] == 'B' || hdr[0] == 'D' || hdr[0] == 'C'))
+		return ps_message(c, in, (char)hdr[0], len);
 	note_sent_to_server(c, (char)hdr[0]);
 	forward_bytes(c, in, len + 1);
 	return !c->throttled;

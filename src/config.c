@@ -161,6 +161,9 @@ const struct cf_setting config_settings[] = {
 		"Most server connections per database over all its pools (0 = unlimited)."),
 	{ "max_message_bytes", CF_SIZE, OFF(max_message_bytes), "268435456", MSG_MIN, MSG_MAX, true, NULL,
 	  "Largest protocol message accepted from a client (PgBouncer: max_packet_size)." },
+	INT_ROW(max_prepared_statements, "200", 0, COUNT_MAX, true,
+		"Protocol-level named prepared statements kept per server connection in transaction and statement "
+		"pooling (0 = off: names pass through); a lower value applies as servers evict."),
 	INT_ROW(max_user_client_connections, "0", 0, COUNT_MAX, true,
 		"Most client connections per user over all its databases (0 = unlimited); [users] may override it."),
 	INT_ROW(max_user_connections, "0", 0, COUNT_MAX, true,
@@ -288,7 +291,6 @@ static const struct pgb_setting {
 	{ "conffile", { NULL } },
 	{ "dns_zone_check_period", { "0" } },
 	{ "job_name", { "pgbouncer" } },
-	{ "max_prepared_statements", { "0", "200" } },
 	{ "query_wait_notify", { "5" } },
 	{ "resolv_conf", { NULL } },
 	{ "sbuf_loopcnt", { "5" } },

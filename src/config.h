@@ -144,6 +144,7 @@ struct lk_config {
 	int max_user_connections;
 	int max_db_client_connections;
 	int max_user_client_connections;
+	int max_prepared_statements;	/* per server connection; 0 = off */
 	char *server_reset_query;
 	int server_reset_query_always;
 	char *server_check_query;

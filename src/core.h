@@ -40,6 +40,7 @@
 #endif
 #include "log.h"
 #include "pktbuf.h"
+#include "prepared.h"
 
 #define LOKADB_VERSION "0.1.0"
 #define STARTUP_MAX_LEN 10000		/* like PostgreSQL's MAX_STARTUP_PACKET_LENGTH */
@@ -79,18 +80,11 @@ enum server_state {
 	SV_JUSTFREE,		/* closed: on no list but rt->justfree_servers */
 };
 
-enum pend_kind { PEND_CLIENT = 0, PEND_HIDDEN = 1, PEND_SYNC = 2 };
-
-/* FIFO of what each ReadyForQuery the server owes us answers. */
-struct pendq {
-	uint8_t *kind;
-	uint32_t head, count, cap;
-};
-
 struct lk_stats {
 	uint64_t xact_count, query_count, server_assignment_count, client_login_count;
 	uint64_t bytes_received, bytes_sent;
 	uint64_t xact_time, query_time, wait_time;	/* usec */
+	uint64_t client_parse_count, server_parse_count, bind_count;	/* prepared statements */
 };
 
 /* Write-through state of a connection's output (util.c). */
@@ -208,6 +202,8 @@ struct client {
 	char *startup;			/* startup packet parameters (name\0value\0...) */
 	uint32_t startup_len;
 	struct stmt_text *stmts;	/* watched clients: statement name -> text */
+	struct ps_cli *ps;		/* its prepared statements (prepared.c), NULL until one */
+	bool ps_on;			/* max_prepared_statements applies (not session mode) */
 	uint64_t affinity;		/* a plugin's affinity key for server choice (0: none) */
 	int aff_max;			/* ... keys a server keeps at most */
 };
@@ -225,15 +221,13 @@ struct server {
 	struct varcache vars;
 	uint8_t cancel_key[8];
 	int backend_pid;
-	struct pendq pend;
+	struct replyq rq;		/* the replies it owes, in order (prepared.h) */
+	struct ps_srv *ps;		/* the statements it has prepared (prepared.c) */
 	char txn_status;		/* last ReadyForQuery status */
 	bool ready;			/* nothing owed, idle in no transaction */
 	bool copy_in;
 	bool ext_open;			/* extended-protocol messages sent since the last Sync */
 	uint8_t tls_step;		/* 0 plain, 1 SSLRequest sent, 2 TLS handshake, 3 TLS up */
-	uint32_t acks_pending;		/* ParseComplete/CloseComplete the client's messages still await */
-	uint8_t n_hide;			/* pooler-injected Close/Parse whose acks are dropped: */
-	struct { uint32_t after; uint8_t count; } hide[8];	/* ... after `after` visible acks, drop `count` */
 	bool close_needed;		/* RECONNECT / config change: close when released */
 	bool checked;			/* ran a query of the pooler since its last client */
 	bool closing;
@@ -346,6 +340,7 @@ struct lk_runtime {
 	struct hook_chain hooks[LK_HOOK_COUNT];
 	struct peer_group *peers;	/* peers.c: the [peers] group (NULL until first used) */
 	struct metrics *metrics;	/* metrics.c: the Prometheus endpoint and what plugins registered */
+	struct ps_cache *ps_cache;	/* prepared statements of every pool (prepared.c) */
 	uint8_t rand_pool[256];		/* random_bytes(): unread CSPRNG output */
 	size_t rand_pos;		/* bytes of rand_pool already handed out */
 };
@@ -380,13 +375,6 @@ bool conn_start_tls(struct conn_io *io, struct ssl_st *ssl, bool accepting);
 void conn_flush_close(struct conn_io *io);
 void conn_set_rd_high(struct conn_io *io, size_t high);
 void conn_spares_free(void);
-
-/* pendq */
-bool pend_push(struct pendq *q, enum pend_kind k);
-int pend_pop(struct pendq *q);	/* -1 when empty */
-int pend_head(const struct pendq *q);
-bool pend_has_client(const struct pendq *q);
-void pend_free(struct pendq *q);
 
 /* client.c */
 void client_accept(int fd, const struct sockaddr *sa, int salen, bool is_unix);
@@ -496,6 +484,8 @@ void plugin_query_answer(struct client *c, struct lk_event *ev, char status);
 void plugin_note_parse(struct client *c, const char *name, const char *sql);
 bool plugin_query_binds_unnamed(const struct lk_event *ev);
 bool plugin_query_wants_reparse(const struct lk_event *ev);
+const char *plugin_event_stmt(const struct lk_event *ev);	/* P/B: the client's statement name */
+const char *plugin_event_reparse(const struct lk_event *ev);	/* B: the re-parse text, or NULL */
 void plugin_note_parse_types(struct client *c, const char *name, const char *sql, const uint8_t *types, uint32_t len);
 bool plugin_query_reparse_msgs(struct client *c, struct lk_event *ev, struct pktbuf *pb, int *hidden_acks);
 bool plugin_startup_param_ok(const char *name);

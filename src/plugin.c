@@ -1494,6 +1494,16 @@ bool plugin_query_wants_reparse(const struct lk_event *ev)
 	return ev->reparse != NULL;
 }
 
+const char *plugin_event_stmt(const struct lk_event *ev)
+{
+	return ev->stmt;
+}
+
+const char *plugin_event_reparse(const struct lk_event *ev)
+{
+	return ev->reparse;
+}
+
 bool plugin_query_binds_unnamed(const struct lk_event *ev)
 {
 	return ev->qtype == 'B' && ev->stmt && !ev->stmt[0];

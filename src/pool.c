@@ -796,7 +796,7 @@ static void janitor_clients(struct pool *p, usec_t now)
 	TAILQ_FOREACH_SAFE(c, &p->active_clients, entry, tmp) {
 		struct server *s = c->link;
 		usec_t idle = now - c->request_time;
-		if (s && s->pend.count) {
+		if (s && s->rq.count) {
 			if (to.query > 0 && now - s->query_start > to.query)
 				close_pair(c, "57014", "query timeout");
 			else if (xact_too_long(s, now, to.xact))
@@ -928,6 +928,9 @@ void pool_stats_tick(void)
 		}
 		avg->server_assignment_count = (uint64_t)((cur->server_assignment_count - prev->server_assignment_count) / secs);
 		avg->client_login_count = (uint64_t)((cur->client_login_count - prev->client_login_count) / secs);
+		avg->client_parse_count = (uint64_t)((cur->client_parse_count - prev->client_parse_count) / secs);
+		avg->server_parse_count = (uint64_t)((cur->server_parse_count - prev->server_parse_count) / secs);
+		avg->bind_count = (uint64_t)((cur->bind_count - prev->bind_count) / secs);
 		if (rt->cf->log_stats && (dx || dq))
 			log_info("stats: %s/%s %llu xacts/s, %llu queries/s, in %llu B/s, out %llu B/s, xact %llu us, query %llu us, wait %llu us",
 				 p->db->name, p->user, (unsigned long long)avg->xact_count, (unsigned long long)avg->query_count,

@@ -602,7 +602,8 @@ static void justfree_cb(evutil_socket_t fd, short what, void *arg)
 	while ((s = TAILQ_FIRST(&rt->justfree_servers))) {
 		TAILQ_REMOVE(&rt->justfree_servers, s, entry);
 		varcache_free(&s->vars);
-		pend_free(&s->pend);
+		rq_free(&s->rq);
+		ps_server_free(s);
 		scram_client_free(s->scram);
 		free(s);
 	}
@@ -688,6 +689,7 @@ void runtime_teardown(void)
 	event_free(rt->sig_usr2);
 	dns_free(rt->dns);
 	pool_free_all();
+	ps_cache_free();
 	event_base_free(rt->base);
 	pkt_free(&rt->pb);
 }

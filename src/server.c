@@ -4,12 +4,16 @@
  * (trust, cleartext, md5, SCRAM-SHA-256), then relay the server's replies to
  * the linked client.
  *
- * The server owes one ReadyForQuery per Query/Sync/FunctionCall the client
- * sent (s->pend, see client.c note_sent_to_server()). Replies to queries the
- * pooler sent itself (parameter SETs, server_reset_query) are PEND_HIDDEN:
- * everything up to their ReadyForQuery is dropped. When nothing is owed and
- * the transaction status is idle, the server is `ready` and the pool may
- * take it back (transaction mode) or keep it linked (session mode).
+ * The server owes a reply for every message it was sent that has one, in
+ * order: s->rq, the reply queue (prepared.h; client.c note_sent_to_server()
+ * and prepared.c fill it). Replies to queries the pooler sent itself
+ * (parameter SETs, server_reset_query) are RQ_HIDE: everything up to their
+ * ReadyForQuery is dropped; of the pooler's own Parse/Close (prepared
+ * statements, a plugin's re-parse) only the completion message is dropped.
+ * Replies the pooler makes itself (RQ_SYNTH) go to the client when their
+ * item reaches the head. When nothing is owed and the transaction status is
+ * idle, the server is `ready` and the pool may take it back (transaction
+ * mode) or keep it linked (session mode).
  *
  * Large replies (DataRow, CopyData) are moved to the client a piece at a time
  * without buffering whole messages.
@@ -494,9 +498,10 @@ static void login_message(struct server *s, char type, const uint8_t *body, uint
 /* Queue a query whose replies are dropped (SETs, reset, connect_query). */
 void server_send_hidden(struct server *s, const char *sql)
 {
+	if (!server_expect(s, 'Q', RQ_HIDE))
+		return;
 	pkt_query(&rt->pb, sql);
 	pkt_send(&rt->pb, bufferevent_get_output(s->bev));
-	pend_push(&s->pend, PEND_HIDDEN);
 	s->ready = false;
 }
 
@@ -528,7 +533,7 @@ static void account_rfq(struct server *s, char status)
 	st->query_count++;
 	st->query_time += (uint64_t)(now - s->query_start);
 	s->query_start = now;
-	s->in_query = s->pend.count > 0;
+	s->in_query = s->rq.count > 0;
 	if (status == 'I' && s->in_xact) {
 		st->xact_count++;
 		st->xact_time += (uint64_t)(now - s->xact_start);
@@ -557,49 +562,95 @@ static void server_became_ready(struct server *s)
 		pool_release(s);
 }
 
-/*
- * A ParseComplete/CloseComplete while the pooler has Close/Parse messages of
- * its own in the batch: is this one of them? (s->hide: after `after` more
- * acks of the client's messages come `count` of ours.)
- */
-static bool ack_is_hidden(struct server *s)
+/* Does the reply `type` complete the message of queue item `it`? */
+static bool completes(const struct rq_item *it, char type)
 {
-	if (s->hide[0].after == 0) {
-		if (--s->hide[0].count == 0) {
-			s->n_hide--;
-			memmove(s->hide, s->hide + 1, sizeof(s->hide[0]) * s->n_hide);
-		}
-		return true;
+	switch (type) {
+	case '1': return it->type == 'P';
+	case '2': return it->type == 'B';
+	case '3': return it->type == 'C';
+	case 'T':
+	case 'n': return it->type == 'D';
+	case 'C':
+	case 'I':
+	case 's': return it->type == 'E';
+	default: return false;
 	}
-	for (int i = 0; i < s->n_hide; i++)
-		s->hide[i].after--;
-	return false;
+}
+
+static bool owes_rfq(char type)
+{
+	return type == 'S' || type == 'Q' || type == 'F';
 }
 
 /* ReadyForQuery: 6 bytes are in `in`. */
 static void handle_rfq(struct server *s, struct evbuffer *in, const uint8_t *hdr)
 {
-	int kind = pend_pop(&s->pend);
+	struct rq_item *it;
 	char status = (char)hdr[5];
 	struct client *c = s->link;
+	bool client_rfq = false;
 
-	s->fwd_hidden = kind == PEND_HIDDEN || kind < 0;
-	if (kind == PEND_SYNC || kind == PEND_CLIENT) {
-		s->acks_pending = 0;	/* a Sync ends the batch: acks of skipped messages never come */
-		s->n_hide = 0;
+	s->fwd_hidden = true;
+	while ((it = rq_head(&s->rq))) {
+		if (owes_rfq(it->type)) {
+			client_rfq = it->act != RQ_HIDE;
+			s->fwd_hidden = !client_rfq;
+			rq_pop(&s->rq);
+			break;
+		}
+		rq_discard_batch(s);	/* unanswered messages before it: the server skipped them */
 	}
-	if (kind == PEND_CLIENT || kind == PEND_SYNC)
+	if (client_rfq)
 		account_rfq(s, status);
 	s->txn_status = status;
 	move_bytes(s, in, 6);
-	if (s->pend.count || status != 'I' || s->copy_in || s->ext_open) {
+	rq_flush_synth(s);
+	if (s->rq.count || status != 'I' || s->copy_in || s->ext_open) {
 		/* ext_open: a prefix answered while the client's batch has no Sync yet */
-		if (c && status != 'I' && pool_mode_of(s->pool) == POOL_STATEMENT && !s->pend.count)
+		if (c && status != 'I' && pool_mode_of(s->pool) == POOL_STATEMENT && !s->rq.count)
 			client_close(c, "08P01", "transaction blocks not allowed in statement pooling mode");
 		return;
 	}
 	s->ready = true;
 	server_became_ready(s);
+}
+
+/*
+ * CommandComplete: after DISCARD ALL or DEALLOCATE ALL the session has no
+ * prepared statement left (for_client: the client ran it: its names go too).
+ * false: the message is not all here yet.
+ */
+static bool check_tag(struct server *s, struct evbuffer *in, uint32_t len, bool for_client)
+{
+	const char *tag;
+
+	if (len != 4 + sizeof("DISCARD ALL") && len != 4 + sizeof("DEALLOCATE ALL"))
+		return true;
+	if (evbuffer_get_length(in) < (size_t)len + 1)
+		return false;
+	tag = (const char *)evbuffer_pullup(in, len + 1) + 5;
+	if (strcmp(tag, "DISCARD ALL") == 0 || strcmp(tag, "DEALLOCATE ALL") == 0)
+		ps_statements_dropped(s, for_client);
+	return true;
+}
+
+/*
+ * The reply that completes the message at the head of the queue: forwarded
+ * (or dropped, for the pooler's own message), then the replies the pooler
+ * makes itself that were waiting behind it.
+ */
+static bool complete_head(struct server *s, struct evbuffer *in, const uint8_t *hdr, uint32_t len)
+{
+	struct rq_item *it = rq_head(&s->rq);
+
+	if (hdr[0] == 'C' && !check_tag(s, in, len, it->act != RQ_HIDE))
+		return false;
+	s->fwd_hidden = it->act == RQ_HIDE;
+	rq_pop(&s->rq);
+	move_bytes(s, in, len + 1);
+	rq_flush_synth(s);
+	return true;
 }
 
 /* A message the pooler reads whole; returns false when it is not all here. */
@@ -625,6 +676,15 @@ static bool inspect_message(struct server *s, struct evbuffer *in, const uint8_t
 		log_warning("%s query of the pooler failed: %s (%s)", server_ident(s, ident, sizeof(ident)), msg, code);
 		if (s->state == SV_TESTED)
 			s->close_needed = true;	/* a failed check, reset or connect_query: not reused */
+	} else if (type == 'E') {
+		struct rq_item *head = rq_head(&s->rq);
+		s->copy_in = false;	/* an error ends COPY IN */
+		/* after an extended-protocol message PostgreSQL skips the batch up to its
+		 * Sync; a client without one in flight has the rest of its batch dropped
+		 * up to the Sync it sends (not a message a plugin's hook holds: that
+		 * one goes on when decided, and the server skips it) */
+		if (head && !owes_rfq(head->type) && !rq_discard_batch(s) && s->link && !s->link->qev)
+			s->link->skip_to_sync = true;
 	}
 	move_bytes(s, in, len + 1);
 	return true;
@@ -635,6 +695,7 @@ static bool server_message(struct server *s, struct evbuffer *in)
 	uint8_t hdr[6];
 	uint32_t len;
 	char type;
+	struct rq_item *head;
 
 	if (evbuffer_copyout(in, hdr, 5) < 5)
 		return false;
@@ -644,7 +705,8 @@ static bool server_message(struct server *s, struct evbuffer *in)
 		server_close(s, "invalid message length from server");
 		return false;
 	}
-	s->fwd_hidden = pend_head(&s->pend) == PEND_HIDDEN;
+	head = rq_head(&s->rq);
+	s->fwd_hidden = head && head->act == RQ_HIDE && head->type == 'Q';
 	switch (type) {
 	case 'Z':
 		if (len != 5) {
@@ -656,20 +718,23 @@ static bool server_message(struct server *s, struct evbuffer *in)
 		handle_rfq(s, in, hdr);
 		return true;
 	case '1':
+	case '2':
 	case '3':
-		if (s->n_hide && ack_is_hidden(s)) {
-			s->fwd_hidden = true;	/* a Close/Parse the pooler sent (query_reparse) */
-			move_bytes(s, in, len + 1);
-			return true;
-		}
-		if (s->acks_pending)
-			s->acks_pending--;
+	case 'T':
+	case 'n':
+	case 'C':
+	case 'I':
+	case 's':
+		if (head && completes(head, type))
+			return complete_head(s, in, hdr, len);
+		if (type == 'C' && !check_tag(s, in, len, !s->fwd_hidden))	/* a Query's */
+			return false;
 		break;
 	case 'G':
 		s->copy_in = true;
 		/* a COPY started by Execute: PostgreSQL ignores the Sync already sent */
-		if (pend_head(&s->pend) == PEND_SYNC)
-			pend_pop(&s->pend);
+		if (head && head->type == 'E' && rq_at(&s->rq, 1) && rq_at(&s->rq, 1)->type == 'S')
+			rq_remove(&s->rq, 1);
 		break;
 	case 'S':
 	case 'E':
@@ -727,6 +792,7 @@ void server_process(struct server *s)
 			move_bytes(s, in, s->fwd_remaining);
 			if (s->fwd_remaining)
 				break;
+			rq_flush_synth(s);
 			continue;
 		}
 		if (evbuffer_get_length(in) < 5 || !server_message(s, in))

@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: ISC */
 /*
  * util.c -- small shared helpers of the core: clocks, allocation, address
- * formatting, the ParameterStatus variable cache and the pending-reply FIFO.
+ * formatting and the ParameterStatus variable cache.
  *
- * The varcache owns its strings. The pendq is a growable ring; one byte per
- * ReadyForQuery the server owes.
+ * The varcache owns its strings. (What a server owes is its reply queue,
+ * prepared.c.)
  */
 #include "core.h"
 
@@ -161,57 +161,6 @@ void varcache_free(struct varcache *vc)
 	}
 }
 
-/* ---- pending replies ---- */
-
-bool pend_push(struct pendq *q, enum pend_kind k)
-{
-	if (q->count == q->cap) {
-		uint32_t ncap = q->cap ? q->cap * 2 : 16;
-		uint8_t *n = malloc(ncap);
-		if (!n)
-			return false;
-		for (uint32_t i = 0; i < q->count; i++)
-			n[i] = q->kind[(q->head + i) % q->cap];
-		free(q->kind);
-		q->kind = n;
-		q->cap = ncap;
-		q->head = 0;
-	}
-	q->kind[(q->head + q->count) % q->cap] = (uint8_t)k;
-	q->count++;
-	return true;
-}
-
-/* Does the server still owe a ReadyForQuery for a client's Query/Sync? */
-bool pend_has_client(const struct pendq *q)
-{
-	for (uint32_t i = 0; i < q->count; i++)
-		if (q->kind[(q->head + i) % q->cap] != PEND_HIDDEN)
-			return true;
-	return false;
-}
-
-int pend_head(const struct pendq *q)
-{
-	return q->count ? q->kind[q->head] : -1;
-}
-
-int pend_pop(struct pendq *q)
-{
-	int k;
-	if (!q->count)
-		return -1;
-	k = q->kind[q->head];
-	q->head = (q->head + 1) % q->cap;
-	q->count--;
-	return k;
-}
-
-void pend_free(struct pendq *q)
-{
-	free(q->kind);
-	memset(q, 0, sizeof(*q));
-}
 
 /* ---- write-through output ----
  *

@@ -358,7 +358,9 @@ struct lk_api {
 	 * right before the Bind, pipelined, its replies hidden; the statement
 	 * keeps the new text. For decisions that need the parameter values,
 	 * such as addressing a statement to the partition of the organization
-	 * given as $1. 0 or -1. */
+	 * given as $1. With the core's prepared statements (transaction
+	 * pooling, max_prepared_statements) the name then stands for a cached
+	 * statement of the new text. 0 or -1. */
 	int (*query_reparse)(lk_event *ev, const char *sql);
 
 	/* ---- ABI 1.4 ---- */

@@ -854,10 +854,11 @@ static void maybe_rewrite(struct orr *g, lk_event *ev, struct orc *x, const stru
  * text); when the server's text `cur` differs, the statement is parsed
  * again (api->query_reparse) right before the Bind.
  *
- * The core keeps at most 8 re-parses of one server connection in flight (it
- * silently drops more), so a batch (up to the server's next idle
- * ReadyForQuery, or a Query) gets at most OR_REPARSE_MAX of them, and only
- * the first OR_REPARSE_LEAF_MAX may go to a leaf: after that the statement
+ * Each re-parse costs the server a Parse (or, with the core's prepared
+ * statements, a Parse once per text and connection), so a batch (up to the
+ * server's next idle ReadyForQuery, or a Query) gets at most OR_REPARSE_MAX
+ * of them, and only the first OR_REPARSE_LEAF_MAX may go to a leaf: after
+ * that the statement
  * stays on (or goes back to) the client's text, which is right for every
  * organization. false: the statement has a leaf text of another
  * organization and cannot be parsed again: the Bind must fail.

@@ -17,7 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define SETTINGS_IN_STRUCT 80	/* fields from logfile to the last setting of struct lk_config */
+#define SETTINGS_IN_STRUCT 81	/* fields from logfile to the last setting of struct lk_config */
 
 struct fx {
 	bool made;		/* dir exists and must be removed */
@@ -494,13 +494,11 @@ static bool test_unsupported(void)
 	CHECK(fx_init(&fx));
 	CHECK(load_fails(&fx, "[pgbouncer]\nauth_ident_file = /etc/ident\n",
 			 ":2: setting \"auth_ident_file\" is not supported by this version of lokadb"));
-	CHECK(load_fails(&fx, "[pgbouncer]\nmax_prepared_statements = 100\n",
-			 ":2: setting \"max_prepared_statements\" is not supported by this version of lokadb"));
 	CHECK(load_fails(&fx, "[pgbouncer]\npeer_id = 16384\n",
 			 ":2: value \"16384\" for peer_id is out of range (0 .. 16383)"));
 	cf = fx_load(&fx, "[pgbouncer]\n"
 		     "client_tls_sslmode = disable\nserver_tls_sslmode = prefer\nauth_user =\n"
-		     "auth_hba_file =\nmax_prepared_statements = 200\npeer_id = 0\n"
+		     "auth_hba_file =\nmax_prepared_statements = 100\npeer_id = 0\n"
 		     "client_tls_protocols = secure\nscram_iterations = 4096\nuser =\n"
 		     "cancel_wait_timeout = 10\nsbuf_loopcnt = 5\n"
 		     "auth_query = SELECT rolname, CASE WHEN rolvaliduntil < now() THEN NULL ELSE rolpassword "
@@ -508,6 +506,7 @@ static bool test_unsupported(void)
 	if (!cf)
 		fprintf(stderr, "  %s\n", fx.err);
 	CHECK(cf);
+	CHECK(cf->max_prepared_statements == 100);	/* implemented now: a real setting */
 end:
 	config_free(cf);
 	fx_done(&fx);

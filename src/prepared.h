@@ -1,0 +1,124 @@
+/* SPDX-License-Identifier: ISC */
+/*
+ * prepared.h -- what a server owes for the messages it was sent (the reply
+ * queue), and protocol-level prepared statements in transaction and
+ * statement pooling (PgBouncer 1.21's max_prepared_statements).
+ *
+ * The reply queue: one item per message that the server answers (Query,
+ * FunctionCall, Sync: ReadyForQuery; Parse, Bind, Describe, Execute, Close:
+ * their completion message), in the order they were sent. An item is
+ *   RQ_FWD    the client's own message: its reply goes to the client;
+ *   RQ_HIDE   the pooler's message: a hidden Query drops everything up to
+ *             its ReadyForQuery, a hidden Parse/Close/Bind only its
+ *             completion (errors still reach the client);
+ *   RQ_SYNTH  a reply the pooler makes itself (ParseComplete of a statement
+ *             the server already has, CloseComplete): written to the client
+ *             when the item reaches the head, so the client sees its replies
+ *             in pipeline order.
+ * After an ErrorResponse to an extended-protocol message the server skips
+ * everything up to the next Sync: those items are discarded and what they
+ * did to the statement maps is undone (rq_item.undo). What a later batch,
+ * already sent, did to the same statement or name stays: it came last. A
+ * client name goes back to what it was; a server's statement is settled
+ * from its state before the failed batch and the later messages.
+ *
+ * Prepared statements (only for clients with c->ps_on):
+ *   - one global cache: Parse body (query text + parameter type OIDs) ->
+ *     ps_entry with a 64-bit id, the server-side name "LOKADB_<id>" and a
+ *     reference count (client maps, server LRUs and queue items hold one);
+ *   - per client: the client's statement name -> entry;
+ *   - per server connection: the entries it has prepared, an LRU of at most
+ *     max_prepared_statements (read at each insertion: a lower value
+ *     applies as servers evict).
+ * Unnamed statements, portals and SQL PREPARE/EXECUTE pass through.
+ */
+#ifndef LOKADB_PREPARED_H
+#define LOKADB_PREPARED_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct client;
+struct ps_cli;
+struct ps_srv;
+struct ps_cache;
+struct server;
+struct ps_entry;
+
+enum rq_act { RQ_FWD, RQ_HIDE, RQ_SYNTH };
+
+/* what to undo when the server skipped the message (an earlier error) */
+enum rq_undo {
+	RQ_UNDO_SRV_PARSE = 1,	/* the server did not prepare `e` */
+	RQ_UNDO_SRV_CLOSE = 2,	/* the server did not close `e`: it still has it */
+	RQ_UNDO_CL_PARSE = 4,	/* the client's `name` was not created */
+	RQ_UNDO_CL_CLOSE = 8,	/* the client's `name` (-> e) was not closed */
+};
+
+struct rq_item {
+	char type;		/* the message sent: Q F S P B D E C */
+	uint8_t act;		/* enum rq_act */
+	uint8_t undo;		/* enum rq_undo bits */
+	struct ps_entry *e;	/* a reference, or NULL */
+	char *name;		/* the client's statement name (owned), or NULL */
+};
+
+struct replyq {
+	struct rq_item *v;
+	uint32_t head, count, cap;
+};
+
+/* ---- the reply queue (no server needed: unit-testable) ---- */
+struct rq_item *rq_push(struct replyq *q, char type, int act);	/* NULL: out of memory */
+struct rq_item *rq_at(const struct replyq *q, uint32_t i);	/* i-th from the head, or NULL */
+void rq_pop(struct replyq *q);
+void rq_remove(struct replyq *q, uint32_t i);
+void rq_free(struct replyq *q);
+static inline struct rq_item *rq_head(const struct replyq *q)
+{
+	return q->count ? &q->v[q->head] : NULL;
+}
+
+/* ---- server side (server.c) ---- */
+/* Queue the expectation of a reply; closes the server when out of memory (NULL). */
+struct rq_item *server_expect(struct server *s, char type, int act);
+/* Write the synthesized replies now at the head of the queue to the client. */
+void rq_flush_synth(struct server *s);
+/*
+ * An ErrorResponse to an extended-protocol message: drop the items up to
+ * the next Sync, undoing them. true: a Sync is queued.
+ */
+bool rq_discard_batch(struct server *s);
+/* CommandComplete "DISCARD ALL" / "DEALLOCATE ALL": the session's statements are gone. */
+void ps_statements_dropped(struct server *s, bool for_client);
+
+/* ---- client side (client.c) ---- */
+enum ps_rc { PS_PASS, PS_DONE, PS_FAIL, PS_MORE };
+/*
+ * The client's Parse / Describe / Close (whole message at msg, mlen bytes
+ * with the type byte) on its linked server. PS_PASS: forward the message
+ * unchanged (unnamed statement, portal); PS_DONE: handled (what the server
+ * needs was queued on its output); PS_FAIL: the server was given a failing
+ * statement carrying the error and the client must skip to its Sync.
+ */
+int ps_parse(struct client *c, const uint8_t *msg, uint32_t mlen);
+int ps_describe(struct client *c, const uint8_t *msg, uint32_t mlen);
+int ps_close(struct client *c, const uint8_t *msg, uint32_t mlen);
+/*
+ * The client's Bind: `have` bytes of the message are at msg (its whole
+ * length is mlen). PS_DONE: the rewritten start of the Bind was queued; the
+ * caller sends the rest of the message from byte *used on. PS_MORE: the
+ * names are not all in the `have` bytes.
+ */
+int ps_bind(struct client *c, const uint8_t *msg, uint32_t have, uint32_t mlen, uint32_t *used);
+/* A plugin's query_reparse at a Bind of a named statement: the name now stands for `sql` (same parameter types). */
+bool ps_reparse(struct client *c, const char *name, const char *sql);
+
+unsigned ps_client_count(const struct client *c);
+unsigned ps_server_count(const struct server *s);
+void ps_client_free(struct client *c);
+void ps_server_free(struct server *s);
+void ps_cache_free(void);
+
+#endif
