@@ -503,6 +503,7 @@ void server_send_hidden(struct server *s, const char *sql)
 	pkt_send(&rt->pb, bufferevent_get_output(s->bev));
 	pend_push(&s->pend, PEND_HIDDEN);
 	s->ready = false;
+	plugin_tvars_hidden_sent(s);
 }
 
 static void move_bytes(struct server *s, struct evbuffer *in, uint32_t n)
@@ -595,6 +596,8 @@ static void handle_rfq(struct server *s, struct evbuffer *in, const uint8_t *hdr
 	}
 	if (kind == PEND_CLIENT || kind == PEND_SYNC)
 		account_rfq(s, status);
+	else if (kind == PEND_HIDDEN)
+		plugin_tvars_hidden_rfq(s, status);
 	s->txn_status = status;
 	move_bytes(s, in, 6);
 	if (s->pend.count || status != 'I' || s->copy_in || s->ext_open) {
@@ -628,6 +631,7 @@ static bool inspect_message(struct server *s, struct evbuffer *in, const uint8_t
 		char ident[160];
 		error_fields(body, len - 4, &code, &msg);
 		log_warning("%s query of the pooler failed: %s (%s)", server_ident(s, ident, sizeof(ident)), msg, code);
+		plugin_tvars_hidden_error(s);
 		if (s->state == SV_TESTED)
 			s->close_needed = true;	/* a failed check, reset or connect_query: not reused */
 	}

@@ -101,7 +101,8 @@ SHOW_COLUMNS = ["parse_cache_entries", "parse_cache_size", "parse_cache_hits", "
                 "statements_routed", "org_from_statement", "org_from_session", "org_none", "prefixes",
                 "prefixes_skipped", "refused", "rewritten", "rewrite_failed", "parse_errors",
                 "session_changes", "held_for_catalog", "reparsed", "held_for_pause", "pause_timeouts",
-                "plan_mode_sets", "reparses_lost", "reparses_refused", "statements_prefiltered"]
+                "plan_mode_sets", "reparses_lost", "reparses_refused", "statements_prefiltered",
+                "prefixes_known", "statements_normalized", "normalized_cache_hits"]
 
 
 # ------------------------------------------------------------------ setup --
@@ -978,8 +979,9 @@ def test_show_org_routing_counts_the_parse_cache_and_the_decisions(router):
     assert st2["statements_prefiltered"] - st["statements_prefiltered"] == 20
     assert st2["parse_cache_misses"] == st["parse_cache_misses"]
     # ones that do name a LokaDB table (here in a string) are parsed and cached, within the bound
+    # (by their normalized text: the aliases make 20 different ones)
     for i in range(20):
-        w.query(f"SELECT {i}, 'documents'")
+        w.query(f"SELECT {i} AS c{i}, 'documents'")
     st = stats(b)
     assert st["parse_cache_size"] == 16 and st["parse_cache_entries"] <= 16 and st["parse_cache_evictions"] >= 4
     assert st["statements_passed"] >= 40
@@ -1036,3 +1038,81 @@ def test_a_parse_sent_alone_after_a_prefix_keeps_its_server(router):
     other.query("ROLLBACK")
     assert res.error is None, res.error
 
+
+
+# ------------------------------------------ prefixes the core knows (ABI 1.4) --
+
+def _org_query(org):
+    return f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = {org}"
+
+
+def test_no_prefix_when_the_server_already_has_the_organization(router):
+    """The core tracks what the set_config prefixes gave each server
+    connection: a server that has the organization already gets none, whoever
+    the client is (transaction pooling, one server)."""
+    b = router(settings={"pool_mode": "transaction", "default_pool_size": 1})
+    w1 = b.login("app", USER)
+    w2 = b.login("app", USER)
+    st0 = stats(b)
+    n0 = len(route_lines(b))
+    assert org_of(w1, _org_query(3)) == "3"                  # sent
+    assert org_of(w1, _org_query(3)) == "3"                  # known: same server, value stuck
+    assert org_of(w2, _org_query(3)) == "3"                  # another client, same server: known
+    assert org_of(w2, _org_query(1)) == "1"                  # another organization: sent
+    assert org_of(w1, _org_query(1)) == "1"                  # known
+    st = stats(b)
+    assert st["prefixes"] - st0["prefixes"] == 2, st
+    assert st["prefixes_known"] - st0["prefixes_known"] == 3, st
+    lines = route_lines(b)[n0:]
+    assert [l.rsplit("prefix=", 1)[1] for l in lines] == ["sent", "known", "known", "sent", "known"], lines
+
+
+def test_a_rolled_back_set_config_is_not_taken_as_known(router):
+    """A prefix that ran inside a transaction block may be rolled back: the
+    core does not record it, and the next statement gets the prefix again."""
+    b = router(settings={"pool_mode": "transaction", "default_pool_size": 1})
+    w = b.login("app", USER)
+    assert org_of(w, _org_query(1)) == "1"
+    w.query("BEGIN")
+    assert org_of(w, _org_query(3)) == "3"                  # the prefix runs inside the block
+    w.query("ROLLBACK")                                      # ... and is rolled back: the server has 1
+    st0 = stats(b)
+    assert org_of(w, _org_query(3)) == "3"                  # so it is sent again
+    assert stats(b)["prefixes"] - st0["prefixes"] == 1
+    st0 = stats(b)
+    assert org_of(w, _org_query(1)) == "1"
+    assert org_of(w, _org_query(1)) == "1"
+    st = stats(b)
+    assert st["prefixes"] - st0["prefixes"] == 1 and st["prefixes_known"] - st0["prefixes_known"] == 1, st
+
+
+def test_the_client_own_set_discard_and_reset_make_the_core_forget(router):
+    """SET lokadb.org, DISCARD ALL and RESET ALL sent by a client change the
+    server's value behind the core's back: it forgets what it knew, and the
+    next statement gets its prefix (the statement sees the right value)."""
+    b = router(settings={"pool_mode": "transaction", "default_pool_size": 1})
+    w1 = b.login("app", USER)
+    w2 = b.login("app", USER)
+    for change in ["SET lokadb.org = '1'", "DISCARD ALL", "RESET ALL", "SELECT set_config('lokadb.org', '5', false)",
+                   "RESET lokadb.org"]:
+        assert org_of(w1, _org_query(3)) == "3"
+        assert org_of(w1, _org_query(3)) == "3"              # known now
+        w2.query(change)                                      # the same server, another client
+        st0 = stats(b)
+        assert org_of(w1, _org_query(3)) == "3", change      # the server's value was changed: sent again
+        assert stats(b)["prefixes"] - st0["prefixes"] == 1, change
+        if change.startswith("SET") or change.startswith("SELECT"):
+            w2.query("RESET lokadb.org")
+
+
+def test_server_reset_query_makes_the_core_forget(router):
+    """Session pooling: the server's DISCARD ALL at a client's end clears what
+    the core knew; the next client's statement gets its prefix."""
+    b = router(settings={"pool_mode": "session", "default_pool_size": 1})
+    w = b.login("app", USER)
+    assert org_of(w, _org_query(3)) == "3"
+    w.close()
+    w = b.login("app", USER)
+    st0 = stats(b)
+    assert org_of(w, _org_query(3)) == "3"
+    assert stats(b)["prefixes"] - st0["prefixes"] == 1
