@@ -1116,3 +1116,81 @@ def test_server_reset_query_makes_the_core_forget(router):
     st0 = stats(b)
     assert org_of(w, _org_query(3)) == "3"
     assert stats(b)["prefixes"] - st0["prefixes"] == 1
+
+
+# ------------------------------------ analyses shared by normalized texts --
+
+NORMALIZED_READS = [
+    "SELECT id, title, project_id FROM documents WHERE organization_id = {o} AND id = {id}",
+    # the organization as a string, other literals around it, LIMIT
+    "SELECT id, title FROM documents WHERE organization_id = '{o}' AND title <> 'it''s {id}' "
+    "AND id >= {id} ORDER BY id LIMIT 3",
+    # a cast literal, an IN list, a join with a cloud table
+    "SELECT d.id, p.name FROM documents d JOIN projects p ON p.id = d.project_id "
+    "WHERE d.organization_id = '{o}'::bigint AND d.id IN ({id}, {id2}) ORDER BY d.id",
+    # a typmod (an integer literal a placeholder could not stand for: the text is analyzed as written)
+    "SELECT id, title::varchar(4) FROM documents WHERE organization_id = {o} AND id = {id}",
+    # a negative literal (PostgreSQL folds the sign into the constant: not normalized)
+    "SELECT count(*) FROM documents WHERE organization_id = {o} AND id > -{id}",
+]
+
+
+def test_normalized_statements_give_the_results_of_the_statements_as_written(router, app):
+    """Simple Queries that differ only by literals share one analysis and one
+    leaf-rewrite template per organization; every literal value gets its own
+    rows: each statement is compared with PostgreSQL's answer to the text as
+    written, for every organization and several ids."""
+    b = router()
+    w = b.login("app", USER)
+    ids = {o: [r[0] for r in direct(app, f"SELECT id FROM documents WHERE organization_id = {o} ORDER BY id")]
+           for o in ORGS}
+    st0 = stats(b)
+    n = 0
+    with Wire(port=app.port, timeout=10 * SLOW) as d:
+        d.login(USER, APP_DB)
+        for tmpl in NORMALIZED_READS:
+            for o in ORGS:
+                for k in (0, 7, len(ids[o]) - 1):
+                    stmt = tmpl.format(o=o, id=ids[o][k], id2=ids[o][(k + 3) % len(ids[o])])
+                    expected = d.query(stmt).rows
+                    assert expected, stmt
+                    assert w.query(stmt).rows == expected, stmt
+                    n += 1
+    st = stats(b)
+    # the first three templates are normalized (one analysis each), the last two are not
+    assert st["statements_normalized"] - st0["statements_normalized"] >= 3 * len(ORGS) * 3
+    assert st["normalized_cache_hits"] - st0["normalized_cache_hits"] >= 3 * (len(ORGS) * 3 - 1)
+    lines = route_lines(b)
+    leaf = [l for l in lines if "rewrite=leaf" in l]
+    assert any("documents_o2_1" in l for l in leaf) and any("documents_o5_1" in l for l in leaf), lines
+    # the literal of each message is in its own rewritten text
+    for k in (0, 7):
+        assert any(f"id = {ids[5][k]}" in l and "documents_o5_1" in l for l in leaf), leaf
+    # writes: an UPDATE and an INSERT with fresh literals land in the organization's leaf
+    for o in (ISOLATED, ISOLATED2):
+        for i in range(3):
+            w.query(f"INSERT INTO versions (organization_id, document_id, body) VALUES ({o}, {ids[o][i]}, 'norm {o} {i}')")
+            res = w.query(f"UPDATE versions SET body = body || ' upd' WHERE organization_id = {o} AND "
+                          f"body = 'norm {o} {i}' RETURNING body")
+            assert res.rows == [[f"norm {o} {i} upd"]]
+        assert direct(app, f"SELECT DISTINCT tableoid::regclass::text FROM versions WHERE body LIKE 'norm {o} %'") == \
+            [(f"versions_o{o}_1",)]
+        w.query(f"DELETE FROM versions WHERE organization_id = {o} AND body LIKE 'norm {o} %'")
+    assert direct(app, "SELECT count(*) FROM versions WHERE body LIKE 'norm %'") == [(0,)]
+
+
+def test_statements_with_session_effects_are_not_normalized(router):
+    """set_config('lokadb.org', '5', false) and SET must be analyzed as written
+    (their literals are what they do)."""
+    b = router(settings={"pool_mode": "transaction", "default_pool_size": 1})
+    w = b.login("app", USER)
+    st0 = stats(b)
+    for o in ("1", "5", "3"):
+        w.query(f"SELECT set_config('lokadb.org', '{o}', false)")
+        assert org_of(w, f"SELECT {SETTING}, count(*) FROM documents") == o
+        w.query(f"SET lokadb.org = '{o}'")
+        assert org_of(w, f"SELECT {SETTING}, count(*) FROM documents WHERE id > 0") == o
+    # (the word lokadb keeps every one of them from being normalized)
+    assert stats(b)["statements_normalized"] == st0["statements_normalized"]
+    w.query("SELECT count(*) FROM documents WHERE id > 0")
+    assert stats(b)["statements_normalized"] == st0["statements_normalized"] + 1
