@@ -1194,3 +1194,37 @@ def test_statements_with_session_effects_are_not_normalized(router):
     assert stats(b)["statements_normalized"] == st0["statements_normalized"]
     w.query("SELECT count(*) FROM documents WHERE id > 0")
     assert stats(b)["statements_normalized"] == st0["statements_normalized"] + 1
+
+
+def test_odd_literal_texts_get_postgresql_answer_and_the_session_goes_on(router, app):
+    """Texts the normalizer leaves as written, or that PostgreSQL refuses,
+    through the same path: each gets PostgreSQL's own answer (rows or its
+    error), compared with PostgreSQL directly, and the session goes on."""
+    b = router()
+    many = " OR ".join(f"id = {i}" for i in range(1, 400))
+    stmts = [
+        "SELECT count(*) FROM documents WHERE organization_id = 'unterminated",
+        "SELECT count(*) FROM documents WHERE organization_id = 99999999999999999999",
+        "SELECT count(*) FROM documents WHERE organization_id = 3000000000",
+        "SELECT count(*) FROM documents WHERE organization_id = E'2' AND title <> E'a\\\\b'",
+        "SELECT count(*) FROM documents WHERE organization_id = $$2$$",
+        "SELECT count(*) FROM documents WHERE organization_id = 2 AND created_at > DATE '2020-01-01'",
+        "SELECT count(*) FROM documents WHERE organization_id = 2 AND created_at > now() - INTERVAL '1 day'",
+        "SELECT count(*) FROM documents WHERE organization_id = 2 AND title = 'a'\n'b'",
+        "SELECT count(*) FROM documents WHERE organization_id = 0x2",
+        "SELECT count(*) FROM documents WHERE organization_id = $1",
+        "SELECT count(*) FROM documents WHERE organization_id = 2; SELECT count(*) FROM versions WHERE organization_id = 5",
+        f"SELECT count(*) FROM documents WHERE organization_id = 5 AND ({many})",
+        "SELECT count(*) FROM documents WHERE organization_id = 5 AND title = '\x01\x02'",
+    ]
+    w = b.login("app", USER)
+    with Wire(port=app.port, timeout=10 * SLOW) as d:
+        d.login(USER, APP_DB)
+        for stmt in stmts:
+            want = d.query(stmt, raise_error=False)
+            got = w.query(stmt, raise_error=False)
+            if want.error is not None:
+                assert got.error is not None and got.error.fields.get("C") == want.error.fields.get("C"), stmt
+            else:
+                assert got.error is None and got.rows == want.rows, stmt
+            assert w.query("SELECT 1").rows == [["1"]]
