@@ -129,7 +129,6 @@ struct orr {
 	bool warned_not_ready;
 	bool subscribed;		/* on_change of meta_cache registered */
 	uint64_t gen;			/* catalog changes seen by on_change */
-	uint64_t cache_hits_seen;	/* parse-cache hits before the last normalized lookup */
 	struct tpl_slot *tpls;		/* leaf-rewrite templates of normalized texts (direct-mapped) */
 	size_t ntpls;
 	struct orc *paused;		/* clients holding a statement of a paused organization */
@@ -1379,15 +1378,14 @@ static int route_now(struct orr *g, lk_event *ev, lk_client *c, struct orc *x)
 	/* A simple Query naming tables only: its analysis is shared by every
 	 * text that differs from it only by literals (normalize.c). */
 	if (type == 'Q' && mm == MM_TABLE && or_normalize(orig, &nm)) {
-		uint64_t h0 = g->cache_hits_seen;
+		struct or_cache_stats st0, st;
+		or_cache_stats(g->cache, &st0);
 		a = or_cache_get(g->cache, nm.text, x->sp_key ^ OR_NORM_SALT, cat_key(g), &names);
 		if (a && norm_usable(a)) {
-			struct or_cache_stats st;
 			or_cache_stats(g->cache, &st);
 			g->n[N_NORMALIZED]++;
-			if (st.hits != h0)
+			if (st.hits != st0.hits)
 				g->n[N_NORM_HITS]++;
-			g->cache_hits_seen = st.hits;
 			cur_norm = &nm;
 		} else {
 			a = NULL;
