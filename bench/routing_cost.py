@@ -106,8 +106,8 @@ PG_SETTINGS = {
 
 # The counters of SHOW ORG_ROUTING reported per layout (deltas).
 COUNTERS = ["statements_routed", "statements_passed", "rewritten", "rewrite_failed", "prefixes",
-            "prefixes_skipped", "parse_cache_hits", "parse_cache_misses", "parse_errors",
-            "org_none"]
+            "prefixes_known", "prefixes_skipped", "statements_normalized", "parse_cache_hits",
+            "parse_cache_misses", "parse_errors", "org_none"]
 
 
 # --------------------------------------------------------------------------

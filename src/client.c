@@ -1366,6 +1366,7 @@ static bool watched_message(struct client *c, struct evbuffer *in, char type, ui
 		plugin_event_free(ev);
 		return !c->closing;
 	}
+	plugin_query_send_vars(c, ev);
 	for (int i = 0; i < n_prefix; i++)
 		server_send_hidden(c->link, prefix[i]);
 	if (type == 'B' && plugin_query_wants_reparse(ev))

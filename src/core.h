@@ -246,6 +246,7 @@ struct server {
 	struct lk_connect *conn_req;	/* plugin transport connect in progress */
 	uint64_t aff[AFF_SLOTS];	/* affinity keys of the clients it served, oldest first */
 	uint8_t n_aff;
+	struct tvars *tvars;		/* session values plugins asked for (query_set_var), plugin.c */
 };
 
 TAILQ_HEAD(client_list, client);
@@ -479,6 +480,12 @@ const char *plugin_event_route(const struct lk_event *ev);
 void plugin_event_error(const struct lk_event *ev, const char **sqlstate, const char **msg);
 bool plugin_query_build(struct client *c, struct lk_event *ev, struct pktbuf *pb);
 char **plugin_query_prefixes(struct lk_event *ev, int *n);
+/* query_set_var: send the values the server lacks (hidden), call query_on_vars. */
+void plugin_query_send_vars(struct client *c, struct lk_event *ev);
+/* server.c tells plugin.c of the server's hidden queries (the tracked values) */
+void plugin_tvars_hidden_sent(struct server *s);
+void plugin_tvars_hidden_error(struct server *s);
+void plugin_tvars_hidden_rfq(struct server *s, char status);
 enum lk_hook plugin_event_hook(const struct lk_event *ev);
 void plugin_query_answer(struct client *c, struct lk_event *ev, char status);
 void plugin_note_parse(struct client *c, const char *name, const char *sql);

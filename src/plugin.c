@@ -87,6 +87,10 @@ struct lk_event {
 	char **prefix;
 	int n_prefix;
 	char *reparse;			/* B: parse the bound statement again with this text first */
+	char *var_name[8], *var_value[8];	/* query_set_var (value NULL: forget) */
+	int n_vars;
+	struct { struct lk_plugin *pl; lk_vars_fn fn; void *arg; } on_vars[4];	/* query_on_vars */
+	int n_on_vars;
 	char *route;
 	struct lk_result *res;
 };
@@ -257,6 +261,10 @@ void plugin_event_free(struct lk_event *ev)
 	free(ev->prefix);
 	free(ev->route);
 	free(ev->reparse);
+	for (int i = 0; i < ev->n_vars; i++) {
+		free(ev->var_name[i]);
+		free(ev->var_value[i]);
+	}
 	result_free(ev->res);
 	free(ev);
 }
@@ -1106,10 +1114,13 @@ void plugin_client_free(struct client *c)
 	c->startup = NULL;
 }
 
+static void tvars_free(struct server *s);
+
 void plugin_server_free(struct server *s)
 {
 	free(s->pctx);
 	s->pctx = NULL;
+	tvars_free(s);
 }
 
 /* ================= QUERY ================= */
@@ -1388,6 +1399,260 @@ static int api_query_prefix(lk_event *ev, const char *sql)
 	ev->prefix = v;
 	v[ev->n_prefix++] = xstrdup(sql);
 	return 0;
+}
+
+/* ---- server session values (query_set_var) ---- */
+
+#define TV_MAX 8			/* values per server and per event */
+#define TV_PEND 4			/* set_config prefixes in flight per server */
+
+struct tv_val {
+	char *name, *value;
+};
+
+/* What the pooler's own set_config prefixes gave a server's session. */
+struct tvars {
+	uint32_t sent, done;		/* hidden queries sent to / answered by the server */
+	bool err;			/* the hidden query being answered failed */
+	bool ours;			/* server_send_hidden is sending our prefix */
+	int n;
+	struct tv_val v[TV_MAX];	/* known: ran outside a block, without error */
+	int np;
+	struct {
+		uint32_t seq;		/* the hidden query's number (tvars.sent after it) */
+		int n;
+		struct tv_val v[TV_MAX];
+	} p[TV_PEND];			/* sent, not answered yet, oldest first */
+};
+
+static void tv_vals_free(struct tv_val *v, int *n)
+{
+	for (int i = 0; i < *n; i++) {
+		free(v[i].name);
+		free(v[i].value);
+	}
+	*n = 0;
+}
+
+static void tv_pop(struct tvars *t)
+{
+	tv_vals_free(t->p[0].v, &t->p[0].n);
+	t->np--;
+	memmove(t->p, t->p + 1, sizeof(t->p[0]) * (size_t)t->np);
+}
+
+static void tv_clear(struct tvars *t)
+{
+	tv_vals_free(t->v, &t->n);
+	while (t->np)
+		tv_pop(t);
+}
+
+static void tvars_free(struct server *s)
+{
+	if (!s->tvars)
+		return;
+	tv_clear(s->tvars);
+	free(s->tvars);
+	s->tvars = NULL;
+}
+
+static int tv_find(const struct tv_val *v, int n, const char *name)
+{
+	for (int i = 0; i < n; i++)
+		if (strcmp(v[i].name, name) == 0)
+			return i;
+	return -1;
+}
+
+static void tv_remove(struct tv_val *v, int *n, const char *name)
+{
+	int i = tv_find(v, *n, name);
+
+	if (i < 0)
+		return;
+	free(v[i].name);
+	free(v[i].value);
+	v[i] = v[--*n];
+}
+
+/* Any other query of the pooler may change anything: forget all. */
+void plugin_tvars_hidden_sent(struct server *s)
+{
+	struct tvars *t = s->tvars;
+
+	if (!t)
+		return;
+	t->sent++;
+	if (!t->ours)
+		tv_clear(t);
+}
+
+void plugin_tvars_hidden_error(struct server *s)
+{
+	if (s->tvars)
+		s->tvars->err = true;
+}
+
+/* The ReadyForQuery of a hidden query: a prefix of ours that ran outside a
+ * block (status I) without error is known from now on. */
+void plugin_tvars_hidden_rfq(struct server *s, char status)
+{
+	struct tvars *t = s->tvars;
+
+	if (!t)
+		return;
+	t->done++;
+	while (t->np && t->p[0].seq < t->done)
+		tv_pop(t);	/* an answer was lost (cannot happen): never trust it */
+	if (t->np && t->p[0].seq == t->done) {
+		for (int i = 0; status == 'I' && !t->err && i < t->p[0].n; i++) {
+			struct tv_val *pv = &t->p[0].v[i];
+			int k = tv_find(t->v, t->n, pv->name);
+			if (k < 0 && t->n < TV_MAX) {
+				k = t->n++;
+				t->v[k].name = pv->name;
+				t->v[k].value = NULL;
+				pv->name = NULL;
+			}
+			if (k >= 0) {
+				free(t->v[k].value);
+				t->v[k].value = pv->value;
+				pv->value = NULL;
+			}
+		}
+		tv_pop(t);
+	}
+	t->err = false;
+}
+
+static bool tv_text_ok(const char *v, size_t max)
+{
+	size_t n = 0;
+
+	for (; v[n]; n++)
+		if ((unsigned char)v[n] < 0x20 || v[n] == '\\')
+			return false;
+	return n <= max;
+}
+
+static int api_query_set_var(lk_event *ev, const char *name, const char *value)
+{
+	int i;
+
+	if (ev->hook != LK_HOOK_QUERY || !name || !*name || !tv_text_ok(name, 63) ||
+	    (value && !tv_text_ok(value, 255)))
+		return -1;
+	for (i = 0; i < ev->n_vars && strcmp(ev->var_name[i], name) != 0; i++)
+		;
+	if (i == TV_MAX)
+		return -1;
+	if (i == ev->n_vars) {
+		ev->var_name[i] = xstrdup(name);
+		ev->var_value[i] = NULL;
+		ev->n_vars++;
+	}
+	set_str(&ev->var_value[i], value);
+	return i;
+}
+
+static int api_query_on_vars(lk_plugin *self, lk_event *ev, lk_vars_fn fn, void *arg)
+{
+	int i;
+
+	if (ev->hook != LK_HOOK_QUERY || !fn)
+		return -1;
+	for (i = 0; i < ev->n_on_vars && ev->on_vars[i].pl != self; i++)
+		;
+	if (i == (int)(sizeof(ev->on_vars) / sizeof(ev->on_vars[0])))
+		return -1;
+	ev->on_vars[i].pl = self;
+	ev->on_vars[i].fn = fn;
+	ev->on_vars[i].arg = arg;
+	if (i == ev->n_on_vars)
+		ev->n_on_vars++;
+	return 0;
+}
+
+/* 'text' with quotes doubled (the text has no backslash, see tv_text_ok). */
+static void put_literal(char *buf, size_t cap, size_t *o, const char *text)
+{
+	if (*o + 1 < cap)
+		buf[(*o)++] = '\'';
+	for (; *text && *o + 3 < cap; text++) {
+		if (*text == '\'')
+			buf[(*o)++] = '\'';
+		buf[(*o)++] = *text;
+	}
+	if (*o + 1 < cap)
+		buf[(*o)++] = '\'';
+	buf[*o] = 0;
+}
+
+/*
+ * The client has its server now: send the query_set_var values that server
+ * is not known to have, in one hidden set_config Query, and tell the
+ * plugins what was done.
+ */
+void plugin_query_send_vars(struct client *c, struct lk_event *ev)
+{
+	struct server *s = c->link;
+	struct tvars *t;
+	unsigned want = 0;
+	int outcome = LK_VARS_KNOWN;
+
+	if (!ev->n_vars && !ev->n_on_vars)
+		return;
+	if (!s->tvars)
+		s->tvars = xcalloc(1, sizeof(*s->tvars));
+	t = s->tvars;
+	for (int i = 0; i < ev->n_vars; i++) {
+		int k;
+		if (!ev->var_value[i]) {	/* the message changes it: forget, also in flight */
+			tv_remove(t->v, &t->n, ev->var_name[i]);
+			for (int j = 0; j < t->np; j++)
+				tv_remove(t->p[j].v, &t->p[j].n, ev->var_name[i]);
+			continue;
+		}
+		k = tv_find(t->v, t->n, ev->var_name[i]);
+		if (k < 0 || strcmp(t->v[k].value, ev->var_value[i]) != 0)
+			want |= 1u << i;
+	}
+	if (want && (s->ext_open || plugin_query_binds_unnamed(ev))) {
+		outcome = LK_VARS_SKIPPED;	/* a simple Query would end the batch */
+		want = 0;
+	} else if (want) {
+		char sql[TV_MAX * 360 + 16];
+		size_t o = (size_t)snprintf(sql, sizeof(sql), "SELECT ");
+		int np = t->np < TV_PEND ? t->np : -1;
+		for (int i = 0; i < ev->n_vars; i++) {
+			if (!(want & (1u << i)))
+				continue;
+			o += (size_t)snprintf(sql + o, sizeof(sql) - o, "%sset_config(", o > 7 ? ", " : "");
+			put_literal(sql, sizeof(sql), &o, ev->var_name[i]);
+			o += (size_t)snprintf(sql + o, sizeof(sql) - o, ", ");
+			put_literal(sql, sizeof(sql), &o, ev->var_value[i]);
+			o += (size_t)snprintf(sql + o, sizeof(sql) - o, ", false)");
+		}
+		t->ours = true;
+		server_send_hidden(s, sql);
+		t->ours = false;
+		if (np >= 0) {		/* remembered when it is answered (else: not tracked) */
+			t->p[np].seq = t->sent;
+			t->p[np].n = 0;
+			for (int i = 0; i < ev->n_vars; i++) {
+				if (!(want & (1u << i)))
+					continue;
+				t->p[np].v[t->p[np].n].name = xstrdup(ev->var_name[i]);
+				t->p[np].v[t->p[np].n].value = xstrdup(ev->var_value[i]);
+				t->p[np].n++;
+			}
+			t->np++;
+		}
+		outcome = LK_VARS_SENT;
+	}
+	for (int i = 0; i < ev->n_on_vars; i++)
+		ev->on_vars[i].fn(ev->on_vars[i].pl, (lk_client *)c, outcome, want, ev->on_vars[i].arg);
 }
 
 static int api_query_reparse(lk_event *ev, const char *sql)
@@ -2623,4 +2888,6 @@ static const struct lk_api api_table = {
 	.query_reparse = api_query_reparse,
 	.metric_register = metrics_plugin_register,
 	.metric_sample = metrics_plugin_sample,
+	.query_set_var = api_query_set_var,
+	.query_on_vars = api_query_on_vars,
 };

@@ -503,6 +503,7 @@ void server_send_hidden(struct server *s, const char *sql)
 	pkt_query(&rt->pb, sql);
 	pkt_send(&rt->pb, bufferevent_get_output(s->bev));
 	s->ready = false;
+	plugin_tvars_hidden_sent(s);
 }
 
 static void move_bytes(struct server *s, struct evbuffer *in, uint32_t n)
@@ -589,12 +590,13 @@ static void handle_rfq(struct server *s, struct evbuffer *in, const uint8_t *hdr
 	struct rq_item *it;
 	char status = (char)hdr[5];
 	struct client *c = s->link;
-	bool client_rfq = false;
+	bool client_rfq = false, hidden_rfq = false;
 
 	s->fwd_hidden = true;
 	while ((it = rq_head(&s->rq))) {
 		if (owes_rfq(it->type)) {
 			client_rfq = it->act != RQ_HIDE;
+			hidden_rfq = !client_rfq;
 			s->fwd_hidden = !client_rfq;
 			rq_pop(&s->rq);
 			break;
@@ -603,6 +605,8 @@ static void handle_rfq(struct server *s, struct evbuffer *in, const uint8_t *hdr
 	}
 	if (client_rfq)
 		account_rfq(s, status);
+	else if (hidden_rfq)
+		plugin_tvars_hidden_rfq(s, status);
 	s->txn_status = status;
 	move_bytes(s, in, 6);
 	rq_flush_synth(s);
@@ -674,6 +678,7 @@ static bool inspect_message(struct server *s, struct evbuffer *in, const uint8_t
 		char ident[160];
 		error_fields(body, len - 4, &code, &msg);
 		log_warning("%s query of the pooler failed: %s (%s)", server_ident(s, ident, sizeof(ident)), msg, code);
+		plugin_tvars_hidden_error(s);
 		if (s->state == SV_TESTED)
 			s->close_needed = true;	/* a failed check, reset or connect_query: not reused */
 	} else if (type == 'E') {

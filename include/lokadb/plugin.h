@@ -40,7 +40,7 @@ extern "C" {
 
 #define LK_PLUGIN_MAGIC 0x4c4b504cu	/* "LKPL" */
 #define LK_ABI_MAJOR 1
-#define LK_ABI_MINOR 4
+#define LK_ABI_MINOR 5
 #define LK_PLUGIN_SYMBOL "lokadb_plugin"
 
 /* Opaque handles. */
@@ -109,6 +109,16 @@ typedef void (*lk_metric_fn)(lk_plugin *self, lk_metrics *m, void *arg);
 enum lk_metric_type {
 	LK_METRIC_COUNTER = 0,	/* only grows (resets when lokadb restarts) */
 	LK_METRIC_GAUGE = 1,	/* goes up and down */
+};
+
+/* What the core did with a message's query_set_var values once it had its
+ * server: outcome LK_VARS_KNOWN, LK_VARS_SENT or LK_VARS_SKIPPED; `sent`: bit
+ * i set when the i-th query_set_var call of the event went in the prefix. */
+typedef void (*lk_vars_fn)(lk_plugin *self, lk_client *c, int outcome, unsigned sent, void *arg);
+enum lk_vars_outcome {
+	LK_VARS_SKIPPED = -1,	/* a value differed but no simple Query may go here (see query_set_var) */
+	LK_VARS_KNOWN = 0,	/* the server already had every value: nothing sent */
+	LK_VARS_SENT = 1,	/* a set_config prefix went before the message */
 };
 
 /* The descriptor lokadb_plugin() returns. */
@@ -378,6 +388,35 @@ struct lk_api {
 	 * the core escapes the values. A sample with an invalid label name
 	 * is left out. Only inside the metric's fn. */
 	void (*metric_sample)(lk_metrics *m, const char *const *labels, double value);
+
+	/* ---- ABI 1.5 ---- */
+	/* Q, P, B: the server session this message runs on must have the
+	 * setting `name` (a custom or PostgreSQL GUC, e.g. "lokadb.org") =
+	 * `value` when the message runs. The core tracks, per server
+	 * connection, the values such prefixes gave it, and once it has picked
+	 * the server it sends `SELECT set_config(name, value, false), ...` (one
+	 * hidden simple Query for all the event's values, as query_prefix) only
+	 * for the values that server is not known to have. A value is known
+	 * only after its set_config ran outside a transaction block without
+	 * error (inside a block it may be rolled back); a server forgets every
+	 * value when the pooler sends it any other query of its own
+	 * (server_reset_query, connect_query, a check, a parameter SET, a
+	 * query_prefix) and a new server knows none. Where a simple Query may
+	 * not go (extended-protocol messages without a Sync outstanding, a Bind
+	 * of the unnamed statement) nothing is sent and the message runs as is
+	 * (LK_VARS_SKIPPED); query_prefix would refuse it instead.
+	 * value NULL: this message itself changes `name` (SET, RESET, DISCARD
+	 * ALL ...): the server's value is forgotten. At most 8 names per event;
+	 * name at most 63 bytes, value at most 255, neither with a backslash or
+	 * a control character. Returns the value's bit number in the `sent`
+	 * of query_on_vars (0..7; a name given again keeps its number), or -1. */
+	int (*query_set_var)(lk_event *ev, const char *name, const char *value);
+	/* Q, P, B: fn(self, client, outcome, sent, arg) is called once the core
+	 * has decided the event's query_set_var values (right before the
+	 * message goes to the server, on the loop); not called when the
+	 * message never reaches a server (refused, client gone). One per
+	 * plugin and event. 0 or -1. */
+	int (*query_on_vars)(lk_plugin *self, lk_event *ev, lk_vars_fn fn, void *arg);
 };
 
 #ifdef __cplusplus

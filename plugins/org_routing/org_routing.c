@@ -92,6 +92,7 @@ enum or_counter {
 	N_PASSED, N_ROUTED, N_ORG_STATEMENT, N_ORG_SESSION, N_ORG_NONE, N_PREFIXES, N_PREFIXES_SKIPPED,
 	N_REFUSED, N_REWRITTEN, N_REWRITE_FAILED, N_PARSE_ERRORS, N_SESSION_CHANGES, N_HELD,
 	N_REPARSED, N_HELD_PAUSE, N_PAUSE_TIMEOUTS, N_PLAN_MODE, N_REPARSE_LOST, N_REPARSE_REFUSED, N_PREFILTERED,
+	N_PREFIXES_KNOWN, N_NORMALIZED, N_NORM_HITS,
 	N_COUNT
 };
 static const char *const counter_names[N_COUNT] = {
@@ -99,9 +100,20 @@ static const char *const counter_names[N_COUNT] = {
 	"prefixes", "prefixes_skipped", "refused", "rewritten", "rewrite_failed", "parse_errors",
 	"session_changes", "held_for_catalog", "reparsed", "held_for_pause", "pause_timeouts",
 	"plan_mode_sets", "reparses_lost", "reparses_refused", "statements_prefiltered",
+	"prefixes_known", "statements_normalized", "normalized_cache_hits",
 };
 
 struct orc;
+struct plog;
+
+/* A leaf-rewrite template of a normalized text (see tpl_get). */
+struct tpl_slot {
+	uint64_t h, sp_key, key;
+	char *norm;			/* NULL: free */
+	char org[OR_ORG_MAX + 1];
+	char *tpl;			/* NULL: not rewritable */
+};
+
 
 /* The plugin's state (api->set_data). */
 struct orr {
@@ -117,6 +129,8 @@ struct orr {
 	bool warned_not_ready;
 	bool subscribed;		/* on_change of meta_cache registered */
 	uint64_t gen;			/* catalog changes seen by on_change */
+	struct tpl_slot *tpls;		/* leaf-rewrite templates of normalized texts (direct-mapped) */
+	size_t ntpls;
 	struct orc *paused;		/* clients holding a statement of a paused organization */
 	lk_timer *release;		/* a pass over `paused` is due (after a catalog change) */
 	uint64_t n[N_COUNT];
@@ -174,6 +188,8 @@ struct orc {
 	char pause_org[OR_ORG_MAX + 1];
 	lk_timer *pause_timer;		/* pause_timeout of paused_ev */
 	struct orc *pnext, **pprev;	/* in orr.paused */
+	struct plog *plog;		/* route_log line waiting for the core's prefix decision */
+	int pcm_bit;			/* plan_cache_mode's bit in vars_done's `sent` (-1: not asked) */
 };
 
 /* How a statement's organization was found. */
@@ -190,12 +206,19 @@ struct decision {
 	const char *refusal;		/* why it is refused (a format with %s, %s) */
 	const struct or_ref *refused_ref;
 	const char *rewrite;		/* "leaf", "copy", "no", "failed" */
-	const char *prefix;		/* "sent", "known", "skipped", "-" */
+	const char *prefix;		/* "sent", "known", "skipped", "-"; "core": the core decides (query_set_var) */
 	bool reparsed;			/* B: the statement is parsed again first */
 	char target[256];
 };
 
 static void subscribe(struct orr *g);
+static void tpls_free(struct orr *g);
+
+/* The literals of the message being decided when its analysis is the one of
+ * its normalized text (normalize.c): $k of that analysis is literal k, not
+ * a Bind parameter. NULL otherwise. */
+static const struct or_norm *cur_norm;
+static void forget_var(lk_event *ev, const char *name);
 
 static struct orr *G(lk_plugin *self)
 {
@@ -320,6 +343,9 @@ static int or_config_apply(lk_plugin *self, lk_event *ev)
 			or_cache_free(g->cache);
 			g->cache = c;
 			g->cache_size = n;
+			tpls_free(g);
+			if ((g->tpls = calloc(n, sizeof(*g->tpls))) != NULL)
+				g->ntpls = n;
 		} else {
 			api->log(self, LK_LOG_ERROR, "out of memory for a parse cache of %zu statements", n);
 		}
@@ -442,6 +468,9 @@ static bool term_value(lk_event *ev, const char *type, const struct or_term *t, 
 
 	if (!t->param)
 		return normalize(type, t->value, strlen(t->value), out);
+	if (cur_norm)
+		return t->param <= cur_norm->n &&
+		       normalize(type, cur_norm->vals[t->param - 1], strlen(cur_norm->vals[t->param - 1]), out);
 	if (!ev || api->query_type(ev) != 'B' || t->param > api->query_nparams(ev))
 		return false;
 	v = api->query_param(ev, t->param - 1, &len, &fmt);
@@ -479,11 +508,11 @@ static enum or_source statement_org(lk_event *ev, const struct or_analysis *a, c
 		for (int k = r->term0; k < r->term0 + r->nterms; k++) {
 			const struct or_term *t = &a->terms[k];
 			char v[OR_ORG_MAX + 1];
-			if (t->param && !bind)
+			if (t->param && !bind && !cur_norm)
 				return SRC_PENDING;
 			if (!term_value(ev, r->org_type, t, v))
 				return SRC_NONE;
-			if (t->param)
+			if (t->param && !cur_norm)
 				*params = true;
 			if (have && strcmp(v, org) != 0)
 				return SRC_NONE;
@@ -583,6 +612,7 @@ static void apply_effect(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 
 	switch (st->effect) {
 	case OR_FX_SET_ORG:
+		forget_var(ev, "lokadb.org");
 		if (!effect_value(ev, &st->val, v))
 			return;
 		set_owned(st->is_local ? &x->local_org : &x->session_org, v[0] ? v : NULL);
@@ -592,12 +622,15 @@ static void apply_effect(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 		x->cur_valid = true;
 		break;
 	case OR_FX_RESET_ORG:
+		forget_var(ev, "lokadb.org");
 		set_owned(&x->session_org, NULL);
 		set_owned(&x->local_org, NULL);
 		set_owned(&x->cur, "");
 		x->cur_valid = true;
 		break;
 	case OR_FX_RESET_ALL:
+		forget_var(ev, "lokadb.org");
+		forget_var(ev, "plan_cache_mode");
 		x->pcm_known = false;		/* RESET ALL / DISCARD ALL reset plan_cache_mode too */
 		set_owned(&x->session_org, NULL);
 		set_owned(&x->local_org, NULL);
@@ -673,17 +706,69 @@ static void note_plan_mode(struct orr *g, lk_client *c, struct orc *x)
 	g->n[N_PLAN_MODE]++;
 }
 
+/* A route_log line kept until the core has decided the prefix (vars_done). */
+struct plog {
+	struct decision d;
+	char type;
+	const char *what;
+};
+
+static void route_log_line(struct orr *g, lk_client *c, char type, const struct decision *d, const char *decision);
+
+/* The core decided the message's query_set_var values (it has its server now). */
+static void vars_done(lk_plugin *self, lk_client *c, int outcome, unsigned sent, void *arg)
+{
+	struct orr *g = G(self);
+	struct orc *x = arg;
+	const char *what = "known";
+
+	if (outcome == LK_VARS_SENT) {
+		what = "sent";
+		g->n[N_PREFIXES]++;
+		if (x->pcm_bit >= 0 && (sent & (1u << x->pcm_bit))) {
+			x->pcm_known = true;
+			if (api->client_in_transaction(c))
+				x->pcm_in_block = true;
+			g->n[N_PLAN_MODE]++;
+		}
+	} else if (outcome == LK_VARS_KNOWN) {
+		g->n[N_PREFIXES_KNOWN]++;
+		if (g->force_custom)
+			x->pcm_known = true;	/* the core knows its server has it (outside a block) */
+	} else {
+		what = "skipped";
+		g->n[N_PREFIXES_SKIPPED]++;
+		x->cur_valid = false;	/* the server keeps whatever it had */
+	}
+	if (x->plog) {
+		x->plog->d.prefix = what;
+		route_log_line(g, c, x->plog->type, &x->plog->d, x->plog->what);
+		free(x->plog);
+		x->plog = NULL;
+	}
+}
+
+/* The message changes `name` on its server itself: the core forgets what it knew. */
+static void forget_var(lk_event *ev, const char *name)
+{
+	if (LK_API_HAS(api, query_set_var))
+		api->query_set_var(ev, name, NULL);
+}
+
 /*
  * Make the server's lokadb.org be d->org ("" when none) before the message,
  * unless the client's server is known to have it; with force_custom_plan,
  * plan_cache_mode goes in the same statement while the server is not known
- * to have it.
+ * to have it. With ABI 1.5 the core decides once it has picked the server
+ * (query_set_var): it knows which values each server connection has, so a
+ * server that already has the organization (org_affinity) gets no prefix.
  */
 static void ensure_org(struct orr *g, lk_event *ev, lk_client *c, struct orc *x, struct decision *d)
 {
 	char sql[OR_PREFIX_MAX], lit[2 * OR_ORG_MAX + 4];
 	bool pcm = g->force_custom && !x->pcm_known;
 
+	x->pcm_bit = -1;
 	if (!pcm && x->cur_valid && x->cur && strcmp(x->cur, d->org) == 0) {
 		d->prefix = "known";
 		return;
@@ -691,6 +776,16 @@ static void ensure_org(struct orr *g, lk_event *ev, lk_client *c, struct orc *x,
 	if (!prefix_safe(ev, x)) {
 		d->prefix = "skipped";
 		g->n[N_PREFIXES_SKIPPED]++;
+		return;
+	}
+	if (LK_API_HAS(api, query_set_var) && api->query_set_var(ev, "lokadb.org", d->org) >= 0 &&
+	    (!g->force_custom || (x->pcm_bit = api->query_set_var(ev, "plan_cache_mode", "force_custom_plan")) >= 0) &&
+	    api->query_on_vars(g->self, ev, vars_done, x) == 0) {
+		d->prefix = "core";
+		set_owned(&x->cur, d->org);
+		x->cur_valid = x->cur != NULL;
+		if (api->client_in_transaction(c))
+			x->changed_in_block = true;
 		return;
 	}
 	if (!or_quote_literal(d->org, lit, sizeof(lit)))
@@ -714,6 +809,12 @@ static void ensure_plan_mode(struct orr *g, lk_event *ev, lk_client *c, struct o
 {
 	if (!g->force_custom || x->pcm_known || !prefix_safe(ev, x))
 		return;
+	if (LK_API_HAS(api, query_set_var) &&
+	    (x->pcm_bit = api->query_set_var(ev, "plan_cache_mode", "force_custom_plan")) >= 0 &&
+	    api->query_on_vars(g->self, ev, vars_done, x) == 0) {
+		d->prefix = "core";
+		return;
+	}
 	if (api->query_prefix(ev, "SELECT " PCM_CALL) != 0)
 		return;
 	d->prefix = "sent";
@@ -790,6 +891,75 @@ static bool any_leaf(struct orr *g, const struct or_analysis *a, const char *org
 }
 
 /*
+ * Leaf-rewrite templates of normalized texts, one per (text, search path,
+ * organization), direct-mapped (a collision replaces the older one). The
+ * memo of a parse-cache entry keeps only OR_MEMO_SLOTS organizations, and
+ * one normalized text serves every organization.
+ */
+static void tpls_free(struct orr *g)
+{
+	for (size_t i = 0; i < g->ntpls; i++) {
+		free(g->tpls[i].norm);
+		free(g->tpls[i].tpl);
+	}
+	free(g->tpls);
+	g->tpls = NULL;
+	g->ntpls = 0;
+}
+
+static struct tpl_slot *tpl_slot(struct orr *g, const char *norm, uint64_t sp_key, const char *org, uint64_t *h)
+{
+	if (!g->ntpls)
+		return NULL;
+	*h = or_hash(org, strlen(org), or_hash(norm, strlen(norm), sp_key));
+	return &g->tpls[*h % g->ntpls];
+}
+
+/* true and *tpl (NULL: not rewritable) when known. */
+static bool tpl_get(struct orr *g, const char *norm, uint64_t sp_key, uint64_t key, const char *org, const char **tpl)
+{
+	uint64_t h;
+	struct tpl_slot *t = tpl_slot(g, norm, sp_key, org, &h);
+
+	if (!t || !t->norm || t->h != h || t->sp_key != sp_key || t->key != key || strcmp(t->org, org) != 0 ||
+	    strcmp(t->norm, norm) != 0)
+		return false;
+	*tpl = t->tpl;
+	return true;
+}
+
+/* Remember a template (taken over; may be NULL). */
+static void tpl_put(struct orr *g, const char *norm, uint64_t sp_key, uint64_t key, const char *org, char *tpl)
+{
+	uint64_t h;
+	struct tpl_slot *t = tpl_slot(g, norm, sp_key, org, &h);
+	char *n;
+
+	if (!t || strlen(org) > OR_ORG_MAX || !(n = strdup(norm))) {
+		free(tpl);
+		return;
+	}
+	free(t->norm);
+	free(t->tpl);
+	t->norm = n;
+	t->tpl = tpl;
+	t->h = h;
+	t->sp_key = sp_key;
+	t->key = key;
+	snprintf(t->org, sizeof(t->org), "%s", org);
+}
+
+/* A template of a normalized text with the message's literals (valid until the next call). */
+static const char *filled(const char *tpl)
+{
+	static char *last;
+
+	free(last);
+	last = or_template_fill(tpl, cur_norm);
+	return last;
+}
+
+/*
  * `sql` (analyzed as a) rewritten for d->org: to the leaves when to_leaf,
  * COPY table TO as COPY (query) TO. Memoized per parse-cache entry and
  * organization. NULL: nothing to rewrite (or it failed: d->rewrite).
@@ -804,18 +974,33 @@ static const char *rewritten(struct orr *g, lk_event *ev, const struct orc *x, c
 	enum or_rw_result rc;
 	char *out;
 
-	if (or_memo_get(m, d->org, key, &res))
+	if (cur_norm && tpl_get(g, sql, x->sp_key, key, d->org, &res))
+		return res ? filled(res) : NULL;
+	if (!cur_norm && or_memo_get(m, d->org, key, &res))
 		return res;
 	if (to_leaf && d->first->kind != OR_K_COPY_TO_TABLE && !any_leaf(g, a, d->org))
 		return NULL;	/* the organization has no partition of its own: nothing to address */
 	names.user = api->client_user(api->ev_client(ev));
 	rc = or_rewrite(sql, a, &names, d->org, to_leaf, &out, &err);
+	if (rc == OR_RW_DONE && cur_norm) {	/* the literals' $k marked, to be filled per message */
+		char *tpl = or_template_encode(out, cur_norm->n);
+		free(out);
+		out = tpl;
+		if (!tpl) {
+			rc = OR_RW_FAILED;
+			err = "the rewrite of the normalized text does not keep each literal once";
+		}
+	}
 	if (rc == OR_RW_FAILED) {
 		g->n[N_REWRITE_FAILED]++;
 		d->rewrite = "failed";
 		api->log(g->self, LK_LOG_WARNING, "C-%" PRIu64 " could not rewrite a statement for organization %s: %s",
 			 api->client_id(api->ev_client(ev)), d->org, err);
 		out = NULL;	/* remembered as "not rewritable" */
+	}
+	if (cur_norm) {
+		tpl_put(g, sql, x->sp_key, key, d->org, rc == OR_RW_DONE ? out : NULL);
+		return tpl_get(g, sql, x->sp_key, key, d->org, &res) && res ? filled(res) : NULL;
 	}
 	if (!or_memo_put(m, d->org, key, rc == OR_RW_DONE ? out : NULL))
 		return NULL;
@@ -835,7 +1020,7 @@ static void maybe_rewrite(struct orr *g, lk_event *ev, struct orc *x, const stru
 		return;
 	if (!(copy_table ? d->src != SRC_NONE : (g->rewrite && d->src == SRC_STATEMENT)))
 		return;
-	res = rewritten(g, ev, x, a, api->query_sql(ev), d, g->rewrite);
+	res = rewritten(g, ev, x, a, cur_norm ? cur_norm->text : api->query_sql(ev), d, g->rewrite);
 	if (!res || !(orig = strdup(api->query_sql(ev))))
 		return;
 	if (api->query_rewrite(ev, res) == 0) {
@@ -900,13 +1085,42 @@ static bool bind_text(struct orr *g, lk_event *ev, struct orc *x, const struct o
 	return true;
 }
 
+static void route_log_line(struct orr *g, lk_client *c, char type, const struct decision *d, const char *decision)
+{
+	api->log(g->self, LK_LOG_INFO, "C-%" PRIu64 " %c org=%s decision=%s target=%s rewrite=%s prefix=%s%s",
+		 api->client_id(c), type, d->org[0] ? d->org : "-", decision,
+		 d->target[0] ? d->target : "-", d->rewrite, d->prefix, d->reparsed ? " reparse=yes" : "");
+}
+
+/* A line whose prefix the core has not decided yet comes out of plog_flush
+ * or vars_done (prefix=sent, known or skipped). */
+static void plog_flush(struct orr *g, struct orc *x)
+{
+	if (!x->plog)
+		return;
+	x->plog->d.prefix = "unsent";	/* the message never reached a server */
+	route_log_line(g, x->c, x->plog->type, &x->plog->d, x->plog->what);
+	free(x->plog);
+	x->plog = NULL;
+}
+
 static void route_log(struct orr *g, lk_event *ev, const struct decision *d, const char *decision)
 {
+	lk_client *c = api->ev_client(ev);
+	struct orc *x;
+
 	if (!g->route_log)
 		return;
-	api->log(g->self, LK_LOG_INFO, "C-%" PRIu64 " %c org=%s decision=%s target=%s rewrite=%s prefix=%s%s",
-		 api->client_id(api->ev_client(ev)), api->query_type(ev), d->org[0] ? d->org : "-", decision,
-		 d->target[0] ? d->target : "-", d->rewrite, d->prefix, d->reparsed ? " reparse=yes" : "");
+	if (strcmp(d->prefix, "core") == 0 && (x = api->client_ctx(g->self, c)) != NULL) {
+		plog_flush(g, x);
+		if ((x->plog = malloc(sizeof(*x->plog))) != NULL) {
+			x->plog->d = *d;
+			x->plog->type = api->query_type(ev);
+			x->plog->what = decision;
+			return;
+		}
+	}
+	route_log_line(g, c, api->query_type(ev), d, decision);
 }
 
 /* ---- organization affinity of the pool ---- */
@@ -1088,15 +1302,43 @@ static int route_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 /* ================= hooks ================= */
 
 /* Route a message whose catalog is current. LK_ASYNC: held (paused organization). */
-static bool may_matter(struct orr *g, const struct orc *x, const char *user, const char *sql);
+#define MM_TABLE 1u		/* may_matter: a word names a LokaDB table */
+#define MM_SESSION 2u		/* ... a word of a statement on the session or the transaction */
+#define MM_PLAN_MODE 4u		/* ... the word plan_cache_mode */
+static unsigned may_matter(struct orr *g, const struct orc *x, const char *user, const char *sql);
+
+/* Salt of the parse-cache key of normalized texts (their memos hold templates). */
+#define OR_NORM_SALT 0x6e6f726d2d6b6579ULL
+
+/* Can the analysis of a normalized text stand for the text's own? One
+ * SELECT/INSERT/UPDATE/DELETE that changes nothing of the session, or a
+ * statement on no LokaDB table. Anything else is analyzed as written. */
+static bool norm_usable(const struct or_analysis *a)
+{
+	if (a->parse_error || a->effects || a->ends_txn || a->nstmts != 1)
+		return false;
+	if (!a->tables)
+		return true;
+	switch (a->stmts[0].kind) {
+	case OR_K_SELECT:
+	case OR_K_INSERT:
+	case OR_K_UPDATE:
+	case OR_K_DELETE:
+		return true;
+	default:
+		return false;
+	}
+}
 
 static int route_now(struct orr *g, lk_event *ev, lk_client *c, struct orc *x)
 {
-	const struct or_analysis *a;
+	const struct or_analysis *a = NULL;
 	struct or_names names;
 	const char *sql = api->query_sql(ev), *orig = sql;
 	char type = api->query_type(ev), *orig_copy = NULL;
 	int rc = LK_CONTINUE;
+	unsigned mm;
+	struct or_norm nm = { 0 };
 
 	if (!sql)
 		return LK_CONTINUE;
@@ -1117,7 +1359,10 @@ static int route_now(struct orr *g, lk_event *ev, lk_client *c, struct orc *x)
 			orig = orig_copy;	/* decide on the client's own text */
 		}
 	}
-	if (!may_matter(g, x, api->client_user(c), orig)) {
+	mm = may_matter(g, x, api->client_user(c), orig);
+	if (mm & MM_PLAN_MODE)
+		forget_var(ev, "plan_cache_mode");	/* a SET or set_config of it, perhaps */
+	if (!mm) {
 		g->n[N_PASSED]++;
 		g->n[N_PREFILTERED]++;
 		x->last_ends_txn = false;
@@ -1131,7 +1376,25 @@ static int route_now(struct orr *g, lk_event *ev, lk_client *c, struct orc *x)
 	names.mc = g->mc;
 	names.search_path = x->search_path ? x->search_path : OR_DEFAULT_PATH;
 	names.user = api->client_user(c);
-	a = or_cache_get(g->cache, orig, x->sp_key, cat_key(g), &names);
+	/* A simple Query naming tables only: its analysis is shared by every
+	 * text that differs from it only by literals (normalize.c). */
+	if (type == 'Q' && mm == MM_TABLE && or_normalize(orig, &nm)) {
+		struct or_cache_stats st0, st;
+		or_cache_stats(g->cache, &st0);
+		a = or_cache_get(g->cache, nm.text, x->sp_key ^ OR_NORM_SALT, cat_key(g), &names);
+		if (a && norm_usable(a)) {
+			or_cache_stats(g->cache, &st);
+			g->n[N_NORMALIZED]++;
+			if (st.hits != st0.hits)
+				g->n[N_NORM_HITS]++;
+			cur_norm = &nm;
+		} else {
+			a = NULL;
+			or_norm_free(&nm);
+		}
+	}
+	if (!a)
+		a = or_cache_get(g->cache, orig, x->sp_key, cat_key(g), &names);
 	if (!a)
 		goto done;
 	x->last_ends_txn = a->ends_txn;
@@ -1148,6 +1411,8 @@ static int route_now(struct orr *g, lk_event *ev, lk_client *c, struct orc *x)
 	}
 	rc = route_message(g, ev, c, x, a, orig, sql);
 done:
+	cur_norm = NULL;
+	or_norm_free(&nm);
 	free(orig_copy);
 	return rc;
 }
@@ -1255,12 +1520,14 @@ static bool word_is(const char *w, size_t n, const char *kw)
 	return strlen(kw) == n && strncasecmp(w, kw, n) == 0;
 }
 
-static bool may_matter(struct orr *g, const struct orc *x, const char *user, const char *sql)
+static unsigned may_matter(struct orr *g, const struct orc *x, const char *user, const char *sql)
 {
+	unsigned found = 0;
 	static const char *const keywords[] = {
 		"lokadb", "search_path", "set_config", "reset", "discard", "commit", "rollback", "abort", "end",
 		"prepare", "execute", "deallocate", "begin", "start", "plan_cache_mode", NULL
 	};
+	enum { PLAN_MODE_WORD = 14 };	/* keywords[14] */
 	const char *path = x->search_path ? x->search_path : OR_DEFAULT_PATH;
 	char prev[NAMEDATALEN_OR] = "", word[NAMEDATALEN_OR];
 	bool prev_dot = false;
@@ -1304,15 +1571,14 @@ static bool may_matter(struct orr *g, const struct orc *x, const char *user, con
 		if (!quoted)
 			for (int k = 0; keywords[k]; k++)
 				if (word_is(word, n, keywords[k]))
-					return true;
-		if (prev_dot && g->mc->table(prev, word))
-			return true;
-		if (g->mc->table_search(word, path, user))
-			return true;
+					found |= MM_SESSION | (k == PLAN_MODE_WORD ? MM_PLAN_MODE : 0);
+		if (!(found & MM_TABLE) &&
+		    ((prev_dot && g->mc->table(prev, word)) || g->mc->table_search(word, path, user)))
+			found |= MM_TABLE;
 		memcpy(prev, word, n + 1);
 		prev_dot = false;
 	}
-	return false;
+	return found;
 }
 
 static int or_query(lk_plugin *self, lk_event *ev)
@@ -1323,6 +1589,7 @@ static int or_query(lk_plugin *self, lk_event *ev)
 
 	if (!x || !g->cache || !g->mc)
 		return LK_CONTINUE;
+	plog_flush(g, x);
 	if (api->query_type(ev) == 'Q') {
 		x->batch_open = false;	/* a client sends a Query only between batches */
 		x->batch_reparses = 0;
@@ -1337,6 +1604,8 @@ static int or_query(lk_plugin *self, lk_event *ev)
 	x->hooked_any = true;
 	x->last_ends_txn = false;	/* route_now sets it from the analysis */
 	if (!g->mc->ready()) {
+		forget_var(ev, "lokadb.org");	/* not looked at: it may set them */
+		forget_var(ev, "plan_cache_mode");
 		if (!g->warned_not_ready)
 			api->log(self, LK_LOG_WARNING, "the catalog is not loaded yet: statements pass unrouted");
 		g->warned_not_ready = true;
@@ -1497,6 +1766,7 @@ static int or_client_close(lk_plugin *self, lk_event *ev)
 	pause_unlink(x);
 	if (x->pause_timer)
 		api->timer_cancel(x->pause_timer);
+	plog_flush(g, x);
 	while (x->pstmts) {
 		struct or_pstmt *p = x->pstmts;
 		x->pstmts = p->next;
@@ -1609,6 +1879,7 @@ static void or_fini(lk_plugin *self)
 	if (g->release)
 		api->timer_cancel(g->release);
 	or_cache_free(g->cache);
+	tpls_free(g);
 	free(g->databases);
 	free(g);
 }

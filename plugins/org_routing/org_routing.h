@@ -152,6 +152,24 @@ bool or_memo_put(struct or_rewrite_memo *m, const char *org, uint64_t version, c
 
 uint64_t or_hash(const char *s, size_t n, uint64_t seed);
 
+/* ---- normalize.c ---- */
+
+/* A text with its literals replaced by $1..$n (see normalize.c). */
+struct or_norm {
+	char *text;		/* the normalized text */
+	int n;			/* literals replaced */
+	char **vals;		/* their values as the analysis reads constants (integers printed, strings unquoted) */
+	char **toks;		/* their texts as written */
+};
+
+/* false: not normalized (no literal to replace, or a form left as is); out is then empty. */
+bool or_normalize(const char *sql, struct or_norm *out);
+void or_norm_free(struct or_norm *n);
+/* A rewrite of a normalized text as a template (each $1..$nlits exactly once); NULL: not one. */
+char *or_template_encode(const char *sql, int nlits);
+/* The template with the literal texts of `n` put back (caller frees); NULL on out of memory. */
+char *or_template_fill(const char *tpl, const struct or_norm *n);
+
 /* ---- rewrite.c ---- */
 
 enum or_rw_result { OR_RW_NONE = 0, OR_RW_DONE, OR_RW_FAILED };

@@ -101,7 +101,8 @@ SHOW_COLUMNS = ["parse_cache_entries", "parse_cache_size", "parse_cache_hits", "
                 "statements_routed", "org_from_statement", "org_from_session", "org_none", "prefixes",
                 "prefixes_skipped", "refused", "rewritten", "rewrite_failed", "parse_errors",
                 "session_changes", "held_for_catalog", "reparsed", "held_for_pause", "pause_timeouts",
-                "plan_mode_sets", "reparses_lost", "reparses_refused", "statements_prefiltered"]
+                "plan_mode_sets", "reparses_lost", "reparses_refused", "statements_prefiltered",
+                "prefixes_known", "statements_normalized", "normalized_cache_hits"]
 
 
 # ------------------------------------------------------------------ setup --
@@ -978,8 +979,9 @@ def test_show_org_routing_counts_the_parse_cache_and_the_decisions(router):
     assert st2["statements_prefiltered"] - st["statements_prefiltered"] == 20
     assert st2["parse_cache_misses"] == st["parse_cache_misses"]
     # ones that do name a LokaDB table (here in a string) are parsed and cached, within the bound
+    # (by their normalized text: the aliases make 20 different ones)
     for i in range(20):
-        w.query(f"SELECT {i}, 'documents'")
+        w.query(f"SELECT {i} AS c{i}, 'documents'")
     st = stats(b)
     assert st["parse_cache_size"] == 16 and st["parse_cache_entries"] <= 16 and st["parse_cache_evictions"] >= 4
     assert st["statements_passed"] >= 40
@@ -1036,3 +1038,196 @@ def test_a_parse_sent_alone_after_a_prefix_keeps_its_server(router):
     other.query("ROLLBACK")
     assert res.error is None, res.error
 
+
+
+# ------------------------------------------ prefixes the core knows (ABI 1.4) --
+
+def _org_query(org):
+    return f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = {org}"
+
+
+def test_no_prefix_when_the_server_already_has_the_organization(router):
+    """The core tracks what the set_config prefixes gave each server
+    connection: a server that has the organization already gets none, whoever
+    the client is (transaction pooling, one server)."""
+    b = router(settings={"pool_mode": "transaction", "default_pool_size": 1})
+    w1 = b.login("app", USER)
+    w2 = b.login("app", USER)
+    st0 = stats(b)
+    n0 = len(route_lines(b))
+    assert org_of(w1, _org_query(3)) == "3"                  # sent
+    assert org_of(w1, _org_query(3)) == "3"                  # known: same server, value stuck
+    assert org_of(w2, _org_query(3)) == "3"                  # another client, same server: known
+    assert org_of(w2, _org_query(1)) == "1"                  # another organization: sent
+    assert org_of(w1, _org_query(1)) == "1"                  # known
+    st = stats(b)
+    assert st["prefixes"] - st0["prefixes"] == 2, st
+    assert st["prefixes_known"] - st0["prefixes_known"] == 3, st
+    lines = route_lines(b)[n0:]
+    assert [l.rsplit("prefix=", 1)[1] for l in lines] == ["sent", "known", "known", "sent", "known"], lines
+
+
+def test_a_rolled_back_set_config_is_not_taken_as_known(router):
+    """A prefix that ran inside a transaction block may be rolled back: the
+    core does not record it, and the next statement gets the prefix again."""
+    b = router(settings={"pool_mode": "transaction", "default_pool_size": 1})
+    w = b.login("app", USER)
+    assert org_of(w, _org_query(1)) == "1"
+    w.query("BEGIN")
+    assert org_of(w, _org_query(3)) == "3"                  # the prefix runs inside the block
+    w.query("ROLLBACK")                                      # ... and is rolled back: the server has 1
+    st0 = stats(b)
+    assert org_of(w, _org_query(3)) == "3"                  # so it is sent again
+    assert stats(b)["prefixes"] - st0["prefixes"] == 1
+    st0 = stats(b)
+    assert org_of(w, _org_query(1)) == "1"
+    assert org_of(w, _org_query(1)) == "1"
+    st = stats(b)
+    assert st["prefixes"] - st0["prefixes"] == 1 and st["prefixes_known"] - st0["prefixes_known"] == 1, st
+
+
+def test_the_client_own_set_discard_and_reset_make_the_core_forget(router):
+    """SET lokadb.org, DISCARD ALL and RESET ALL sent by a client change the
+    server's value behind the core's back: it forgets what it knew, and the
+    next statement gets its prefix (the statement sees the right value)."""
+    b = router(settings={"pool_mode": "transaction", "default_pool_size": 1})
+    w1 = b.login("app", USER)
+    w2 = b.login("app", USER)
+    for change in ["SET lokadb.org = '1'", "DISCARD ALL", "RESET ALL", "SELECT set_config('lokadb.org', '5', false)",
+                   "RESET lokadb.org"]:
+        assert org_of(w1, _org_query(3)) == "3"
+        assert org_of(w1, _org_query(3)) == "3"              # known now
+        w2.query(change)                                      # the same server, another client
+        st0 = stats(b)
+        assert org_of(w1, _org_query(3)) == "3", change      # the server's value was changed: sent again
+        assert stats(b)["prefixes"] - st0["prefixes"] == 1, change
+        if change.startswith("SET") or change.startswith("SELECT"):
+            w2.query("RESET lokadb.org")
+
+
+def test_server_reset_query_makes_the_core_forget(router):
+    """Session pooling: the server's DISCARD ALL at a client's end clears what
+    the core knew; the next client's statement gets its prefix."""
+    b = router(settings={"pool_mode": "session", "default_pool_size": 1})
+    w = b.login("app", USER)
+    assert org_of(w, _org_query(3)) == "3"
+    w.close()
+    w = b.login("app", USER)
+    st0 = stats(b)
+    assert org_of(w, _org_query(3)) == "3"
+    assert stats(b)["prefixes"] - st0["prefixes"] == 1
+
+
+# ------------------------------------ analyses shared by normalized texts --
+
+NORMALIZED_READS = [
+    "SELECT id, title, project_id FROM documents WHERE organization_id = {o} AND id = {id}",
+    # the organization as a string, other literals around it, LIMIT
+    "SELECT id, title FROM documents WHERE organization_id = '{o}' AND title <> 'it''s {id}' "
+    "AND id >= {id} ORDER BY id LIMIT 3",
+    # a cast literal, an IN list, a join with a cloud table
+    "SELECT d.id, p.name FROM documents d JOIN projects p ON p.id = d.project_id "
+    "WHERE d.organization_id = '{o}'::bigint AND d.id IN ({id}, {id2}) ORDER BY d.id",
+    # a typmod (no placeholder may stand there: the text is analyzed as written)
+    "SELECT id, title::varchar(4) FROM documents WHERE organization_id = {o} AND id = {id}",
+    # a negative literal (PostgreSQL folds the sign into the constant: left as written)
+    "SELECT count(*) FROM documents WHERE organization_id = {o} AND id > -{id}",
+]
+
+
+def test_normalized_statements_give_the_results_of_the_statements_as_written(router, app):
+    """Simple Queries that differ only by literals share one analysis and one
+    leaf-rewrite template per organization; every literal value gets its own
+    rows: each statement is compared with PostgreSQL's answer to the text as
+    written, for every organization and several ids."""
+    b = router()
+    w = b.login("app", USER)
+    ids = {o: [r[0] for r in direct(app, f"SELECT id FROM documents WHERE organization_id = {o} ORDER BY id")]
+           for o in ORGS}
+    st0 = stats(b)
+    n = 0
+    with Wire(port=app.port, timeout=10 * SLOW) as d:
+        d.login(USER, APP_DB)
+        for tmpl in NORMALIZED_READS:
+            for o in ORGS:
+                for k in (0, 7, len(ids[o]) - 1):
+                    stmt = tmpl.format(o=o, id=ids[o][k], id2=ids[o][(k + 3) % len(ids[o])])
+                    expected = d.query(stmt).rows
+                    assert expected, stmt
+                    assert w.query(stmt).rows == expected, stmt
+                    n += 1
+    st = stats(b)
+    # one analysis for each of the first three; the typmod's text is analyzed
+    # as written; the last is normalized but its negative literal stays in the
+    # text (one analysis per id)
+    per = len(ORGS) * 3
+    assert st["statements_normalized"] - st0["statements_normalized"] == 4 * per, (st, st0)
+    assert st["normalized_cache_hits"] - st0["normalized_cache_hits"] == 3 * (per - 1), (st, st0)
+    lines = route_lines(b)
+    leaf = [l for l in lines if "rewrite=leaf" in l]
+    assert any("documents_o2_1" in l for l in leaf) and any("documents_o5_1" in l for l in leaf), lines
+    # the literal of each message is in its own rewritten text
+    for k in (0, 7):
+        assert any(f"id = {ids[5][k]}" in l and "documents_o5_1" in l for l in leaf), leaf
+    # writes: an UPDATE and an INSERT with fresh literals land in the organization's leaf
+    for o in (ISOLATED, ISOLATED2):
+        for i in range(3):
+            w.query(f"INSERT INTO versions (organization_id, document_id, body) VALUES ({o}, {ids[o][i]}, 'norm {o} {i}')")
+            res = w.query(f"UPDATE versions SET body = body || ' upd' WHERE organization_id = {o} AND "
+                          f"body = 'norm {o} {i}' RETURNING body")
+            assert res.rows == [[f"norm {o} {i} upd"]]
+        assert direct(app, f"SELECT DISTINCT tableoid::regclass::text FROM versions WHERE body LIKE 'norm {o} %'") == \
+            [(f"versions_o{o}_1",)]
+        w.query(f"DELETE FROM versions WHERE organization_id = {o} AND body LIKE 'norm {o} %'")
+    assert direct(app, "SELECT count(*) FROM versions WHERE body LIKE 'norm %'") == [(0,)]
+
+
+def test_statements_with_session_effects_are_not_normalized(router):
+    """set_config('lokadb.org', '5', false) and SET must be analyzed as written
+    (their literals are what they do)."""
+    b = router(settings={"pool_mode": "transaction", "default_pool_size": 1})
+    w = b.login("app", USER)
+    st0 = stats(b)
+    for o in ("1", "5", "3"):
+        w.query(f"SELECT set_config('lokadb.org', '{o}', false)")
+        assert org_of(w, f"SELECT {SETTING}, count(*) FROM documents") == o
+        w.query(f"SET lokadb.org = '{o}'")
+        assert org_of(w, f"SELECT {SETTING}, count(*) FROM documents WHERE id > 0") == o
+    # (the word lokadb keeps every one of them from being normalized)
+    assert stats(b)["statements_normalized"] == st0["statements_normalized"]
+    w.query("SELECT count(*) FROM documents WHERE id > 0")
+    assert stats(b)["statements_normalized"] == st0["statements_normalized"] + 1
+
+
+def test_odd_literal_texts_get_postgresql_answer_and_the_session_goes_on(router, app):
+    """Texts the normalizer leaves as written, or that PostgreSQL refuses,
+    through the same path: each gets PostgreSQL's own answer (rows or its
+    error), compared with PostgreSQL directly, and the session goes on."""
+    b = router()
+    many = " OR ".join(f"id = {i}" for i in range(1, 400))
+    stmts = [
+        "SELECT count(*) FROM documents WHERE organization_id = 'unterminated",
+        "SELECT count(*) FROM documents WHERE organization_id = 99999999999999999999",
+        "SELECT count(*) FROM documents WHERE organization_id = 3000000000",
+        "SELECT count(*) FROM documents WHERE organization_id = E'2' AND title <> E'a\\\\b'",
+        "SELECT count(*) FROM documents WHERE organization_id = $$2$$",
+        "SELECT count(*) FROM documents WHERE organization_id = 2 AND created_at > DATE '2020-01-01'",
+        "SELECT count(*) FROM documents WHERE organization_id = 2 AND created_at > now() - INTERVAL '1 day'",
+        "SELECT count(*) FROM documents WHERE organization_id = 2 AND title = 'a'\n'b'",
+        "SELECT count(*) FROM documents WHERE organization_id = 0x2",
+        "SELECT count(*) FROM documents WHERE organization_id = $1",
+        "SELECT count(*) FROM documents WHERE organization_id = 2; SELECT count(*) FROM versions WHERE organization_id = 5",
+        f"SELECT count(*) FROM documents WHERE organization_id = 5 AND ({many})",
+        "SELECT count(*) FROM documents WHERE organization_id = 5 AND title = '\x01\x02'",
+    ]
+    w = b.login("app", USER)
+    with Wire(port=app.port, timeout=10 * SLOW) as d:
+        d.login(USER, APP_DB)
+        for stmt in stmts:
+            want = d.query(stmt, raise_error=False)
+            got = w.query(stmt, raise_error=False)
+            if want.error is not None:
+                assert got.error is not None and got.error.fields.get("C") == want.error.fields.get("C"), stmt
+            else:
+                assert got.error is None and got.rows == want.rows, stmt
+            assert w.query("SELECT 1").rows == [["1"]]

@@ -1,0 +1,90 @@
+/* SPDX-License-Identifier: ISC */
+/*
+ * test_normalize.c -- unit tests of org_routing's normalized texts
+ * (plugins/org_routing/normalize.c): which literals become $n, the values
+ * the analysis reads for them, the forms left as written, and templates
+ * (a rewrite of the normalized text filled with each message's literals).
+ * The file is compiled in (it has no dependency but libpg_query).
+ */
+#include "unit.h"
+
+#include <stdlib.h>
+
+#include "../../plugins/org_routing/normalize.c"
+
+static bool norm_literals(void)
+{
+	struct or_norm n;
+	bool ok = true;
+
+	CHECK(or_normalize("SELECT a FROM documents WHERE organization_id = 17 AND id = 0042", &n));
+	CHECK_STR(n.text, "SELECT a FROM documents WHERE organization_id = $1 AND id = $2");
+	CHECK(n.n == 2);
+	CHECK_STR(n.vals[0], "17");
+	CHECK_STR(n.vals[1], "42");		/* as the parser prints an integer constant */
+	CHECK_STR(n.toks[1], "0042");		/* ... and as written */
+	or_norm_free(&n);
+	CHECK(or_normalize("SELECT 1 FROM t WHERE o = '3' AND x <> 'it''s' LIMIT 20", &n));
+	CHECK_STR(n.text, "SELECT $1 FROM t WHERE o = $2 AND x <> $3 LIMIT $4");
+	CHECK_STR(n.vals[1], "3");
+	CHECK_STR(n.vals[2], "it's");
+	CHECK_STR(n.toks[2], "'it''s'");
+end:
+	or_norm_free(&n);
+	return ok;
+}
+
+static bool norm_left_as_written(void)
+{
+	struct or_norm n;
+	bool ok = true;
+
+	CHECK(!or_normalize("SELECT a FROM t WHERE o = $1 AND id = 3", &n));	/* its own parameters */
+	CHECK(!or_normalize("SELECT a FROM t", &n));				/* nothing to replace */
+	CHECK(!or_normalize("SELECT a FROM t WHERE o = 'unterminated", &n));	/* scanner error */
+	/* kept as written, the rest normalized */
+	CHECK(or_normalize("SELECT E'a\\\\b', $$x$$, -5, 2.5, 'a\\\\b', 7 FROM t", &n));
+	CHECK_STR(n.text, "SELECT E'a\\\\b', $$x$$, -5, 2.5, 'a\\\\b', $1 FROM t");
+	CHECK(n.n == 1);
+	or_norm_free(&n);
+	CHECK(or_normalize("SELECT 'a'\n'b', 3000000000, 9", &n));			/* continuation, int8 */
+	CHECK_STR(n.text, "SELECT 'a'\n'b', 3000000000, $1");
+end:
+	or_norm_free(&n);
+	return ok;
+}
+
+static bool templates(void)
+{
+	struct or_norm n;
+	char *tpl = NULL, *out = NULL;
+	bool ok = true;
+
+	CHECK(or_normalize("SELECT id FROM documents WHERE organization_id = 5 AND title = 'x''y' LIMIT 3", &n));
+	tpl = or_template_encode("SELECT id FROM public.documents_o5_1 documents WHERE organization_id = $1 "
+				 "AND title = $2 LIMIT $3", n.n);
+	CHECK(tpl != NULL);
+	out = or_template_fill(tpl, &n);
+	CHECK_STR(out, "SELECT id FROM public.documents_o5_1 documents WHERE organization_id = 5 "
+		       "AND title = 'x''y' LIMIT 3");
+	free(tpl);
+	/* every placeholder exactly once, and only those */
+	CHECK((tpl = or_template_encode("SELECT $1, $2", 3)) == NULL);
+	CHECK((tpl = or_template_encode("SELECT $1, $1, $2, $3", 3)) == NULL);
+	CHECK((tpl = or_template_encode("SELECT $1, $2, $3, $4", 3)) == NULL);
+	/* a '$1' inside a string is not a placeholder */
+	CHECK((tpl = or_template_encode("SELECT '$1', $2, $3", 3)) == NULL);
+end:
+	free(tpl);
+	free(out);
+	or_norm_free(&n);
+	return ok;
+}
+
+static const struct unit_case cases[] = {
+	{ "literals become $n", norm_literals },
+	{ "forms left as written", norm_left_as_written },
+	{ "templates", templates },
+	{ NULL, NULL }
+};
+UNIT_MAIN("normalize", cases)
