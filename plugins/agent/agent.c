@@ -89,6 +89,8 @@ struct stream {
 	struct bufferevent *db;
 	const struct target *t;
 	bool connected, db_eof, fin_in, in_connect, connect_failed;
+	bool checked;			/* the first packet (startup or cancel) passed the allow-list */
+	struct evbuffer *head;		/* that packet while it is incomplete */
 	long long bytes_in, bytes_out;
 	struct stream *next;
 };
@@ -368,6 +370,8 @@ static void stream_free(struct stream *st)
 		}
 	if (st->db)
 		bufferevent_free(st->db);
+	if (st->head)
+		evbuffer_free(st->head);
 	A.n_streams--;
 	free(st);
 }
@@ -524,6 +528,73 @@ static uint32_t on_open(struct mux_session *s, uint32_t id, const struct mux_ope
 	return MUX_NO_ERROR;
 }
 
+#define STARTUP_MAX 10000		/* as PostgreSQL: the largest startup packet */
+#define PROTO_V3 196608u
+#define CANCEL_CODE 80877102u
+
+static uint32_t be32(const uint8_t *p)
+{
+	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+/*
+ * The first packet of a stream, whole: a v3 StartupMessage whose database is
+ * the allow-list entry's dbname, or a CancelRequest. Anything else is refused:
+ * the allow-list names the database, not just the address.
+ */
+static bool first_packet_ok(const struct stream *st, const uint8_t *p, size_t len)
+{
+	uint32_t code = be32(p + 4);
+
+	if (code == CANCEL_CODE)
+		return len == 16;
+	if (code != PROTO_V3)
+		return false;
+	for (size_t i = 8; i < len && p[i];) {
+		const char *k = (const char *)p + i, *v;
+		size_t kl = strnlen(k, len - i);
+
+		if (i + kl + 1 >= len)
+			return false;
+		v = k + kl + 1;
+		if (strnlen(v, len - (i + kl + 1)) == len - (i + kl + 1))
+			return false;
+		if (strcmp(k, "database") == 0)
+			return strcmp(v, st->t->dbname) == 0;
+		i += kl + 1 + strlen(v) + 1;
+	}
+	return false;
+}
+
+/* Hold bytes until the first packet is whole and checked. 1: pass on, 0: wait, -1: refuse. */
+static int check_first(struct stream *st, const uint8_t *data, size_t len)
+{
+	uint8_t hdr[8], *pkt;
+	uint32_t plen;
+	size_t have;
+	bool ok;
+
+	if (!st->head && !(st->head = evbuffer_new()))
+		return -1;
+	if (evbuffer_add(st->head, data, len) != 0)
+		return -1;
+	have = evbuffer_get_length(st->head);
+	if (have < 8)
+		return 0;
+	evbuffer_copyout(st->head, hdr, 8);
+	plen = be32(hdr);
+	if (plen < 8 || plen > STARTUP_MAX)
+		return -1;
+	if (have < plen)
+		return 0;
+	pkt = evbuffer_pullup(st->head, (ev_ssize_t)plen);
+	ok = pkt && first_packet_ok(st, pkt, plen);
+	if (!ok)
+		return -1;
+	st->checked = true;
+	return 1;
+}
+
 static void on_data(struct mux_session *s, uint32_t id, const uint8_t *data, size_t len, void *sud, void *ud)
 {
 	struct stream *st = sud;
@@ -532,6 +603,28 @@ static void on_data(struct mux_session *s, uint32_t id, const uint8_t *data, siz
 	(void)ud;
 	A.bytes_in += (long long)len;
 	st->bytes_in += (long long)len;
+	if (!st->checked) {
+		int r = check_first(st, data, len);
+
+		if (r < 0) {
+			A.refused++;
+			api->log(me, LK_LOG_WARNING,
+				 "agent: stream for \"%s\" refused: its first packet is not a startup for database \"%s\" or a cancel request",
+				 st->t->key, st->t->dbname);
+			mux_stream_consumed(s, st->id, len);
+			mux_reset(s, st->id, MUX_E_UNAUTHORIZED);
+			return;
+		}
+		if (r == 0)
+			return;		/* credited once written onward */
+		if (!st->db || bufferevent_write_buffer(st->db, st->head) != 0) {
+			mux_reset(s, st->id, MUX_E_INTERNAL);
+			return;
+		}
+		evbuffer_free(st->head);
+		st->head = NULL;
+		return;
+	}
 	if (!st->db || bufferevent_write(st->db, data, len) != 0) {
 		mux_stream_consumed(s, st->id, len);
 		mux_reset(s, st->id, MUX_E_INTERNAL);

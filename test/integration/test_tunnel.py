@@ -84,13 +84,15 @@ class Tunnel:
         dbs = {"org_a": f"transport=tunnel host=acme dbname={DB} pool_mode=transaction pool_size=5",
                "org_a_session": f"transport=tunnel host=acme dbname={DB}",
                "org_b": f"transport=tunnel host=beta dbname={DB} pool_mode=transaction",
-               "org_a_nodb": "transport=tunnel host=acme dbname=p2 pool_mode=transaction"}
+               "org_a_nodb": "transport=tunnel host=acme dbname=p0 pool_mode=transaction",
+               "org_a_p2": "transport=tunnel host=acme dbname=p2 pool_mode=transaction"}
         self.relay = self.factory(settings={"plugins": "relay"}, databases=dbs, raw=self.relay_raw(**kw))
         return self.relay
 
     def agent_raw(self, token=TOKEN, verify="pin", site="acme", max_conns=100):
         raw = (f"[plugin.agent]\nrelay = 127.0.0.1:{self.relay_port}\nsite = {site}\ntoken = {token}\n"
-               f"databases = {DB}:host=127.0.0.1 port={self.pg.port} dbname={DB}\n"
+               f"databases = {DB}:host=127.0.0.1 port={self.pg.port} dbname={DB}, "
+               f"p2:host=127.0.0.1 port={self.pg.port} dbname=p3\n"
                f"max_conns = {max_conns}\n")
         if verify == "pin":
             raw += f"relay_pin = {(self.certs / 'pin').read_text()}\n"
@@ -203,6 +205,15 @@ def test_unknown_database_at_the_agent_is_refused_clearly(tunnel):
     msg = str(ei.value)
     assert "the agent has no database of that name" in msg, msg
     assert int(tunnel.agent_row()["refused"]) >= 1
+
+
+def test_agent_checks_the_database_of_the_startup_packet(tunnel):
+    """The allow-list entry p2 serves database p3 only: a startup for p2 is refused."""
+    err = query_error(tunnel.relay, "org_a_p2")
+    assert err.sqlstate.startswith("08"), err.fields
+    tunnel.agent.wait_log(r'stream for "p2" refused: its first packet is not a startup for database "p3"')
+    with tunnel.connect() as c:
+        assert c.execute("select 1").fetchone()[0] == 1
 
 
 def test_wrong_token_is_refused_and_logged(bouncer_factory, pg, certs):
