@@ -54,7 +54,6 @@ static lk_plugin *me;
 struct site {
 	char name[MUX_NAME_MAX + 1];
 	uint8_t hash[32];		/* SHA-256 of the token */
-	struct agent *agent;		/* the newest authenticated session, or NULL */
 };
 
 struct agent {
@@ -403,12 +402,6 @@ static void on_hello(struct mux_session *s, const struct mux_hello *h, void *ud)
 	a->site = site;
 	a->established = true;
 	a->since = time(NULL);
-	if (site->agent && site->agent != a) {
-		/* the newest session serves new streams; the old one drains */
-		mux_goaway(site->agent->s, MUX_NO_ERROR, 0, "replaced by a newer session");
-		agent_flush(site->agent);
-	}
-	site->agent = a;
 	api->log(me, LK_LOG_INFO, "relay: agent of site \"%s\" connected from %s", site->name, a->addr);
 }
 
@@ -498,8 +491,6 @@ static void on_goaway(struct mux_session *s, uint32_t last, uint32_t code, uint3
 	(void)reconnect_ms;
 	api->log(me, LK_LOG_INFO, "relay: agent of site \"%s\" (%s) is going away: %s %.*s", a->site_name, a->addr,
 		 mux_error_name(code), (int)dlen, debug);
-	if (a->site && a->site->agent == a)
-		a->site->agent = NULL;
 }
 
 static void on_ping_ack(struct mux_session *s, uint64_t rtt, void *ud)
@@ -517,8 +508,6 @@ static void on_session_error(struct mux_session *s, uint32_t code, const char *m
 	(void)s;
 	api->log(me, LK_LOG_WARNING, "relay: session of agent %s (site \"%s\") failed: %s: %s", a->addr,
 		 a->site_name, mux_error_name(code), msg ? msg : "");
-	if (a->site && a->site->agent == a)
-		a->site->agent = NULL;
 	a->close_when_flushed = true;
 }
 
@@ -565,8 +554,6 @@ static void agent_reap(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	mux_session_abort(a->s, MUX_E_TIMEOUT);	/* reports every stream closed */
-	if (a->site && a->site->agent == a)
-		a->site->agent = NULL;
 	for (struct agent **pp = &R.agents; *pp; pp = &(*pp)->next)
 		if (*pp == a) {
 			*pp = a->next;
@@ -587,8 +574,6 @@ static void agent_kill(struct agent *a, const char *why)
 	if (a->dying)
 		return;
 	a->dying = true;
-	if (a->site && a->site->agent == a)
-		a->site->agent = NULL;
 	if (a->established)
 		api->log(me, LK_LOG_INFO, "relay: agent of site \"%s\" (%s) disconnected: %s", a->site_name,
 			 a->addr, why);
@@ -737,11 +722,27 @@ static void accept_cb(struct evconnlistener *lis, evutil_socket_t fd, struct soc
 
 /* ================= the transport ================= */
 
+/*
+ * The session that takes a new stream of the site: the newest established
+ * one not going away (agents are listed newest first). Several agents of a
+ * site may be connected (a restart overlapping, or two for redundancy): the
+ * older ones keep their streams and take new ones when the newest is gone.
+ */
+static struct agent *site_agent(const struct site *site)
+{
+	for (struct agent *a = R.agents; a; a = a->next)
+		if (a->site == site && a->established && !a->dying && !a->close_when_flushed &&
+		    !mux_going_away(a->s) && !mux_failed(a->s))
+			return a;
+	return NULL;
+}
+
 static int tunnel_connect(lk_plugin *self, lk_connect *req)
 {
 	const char *site_name = api->connect_host(req);
 	const char *db = api->connect_dbname(req);
 	struct site *site = NULL;
+	struct agent *agent;
 	struct stream *st;
 	struct mux_open op;
 	uint32_t err = 0;
@@ -758,7 +759,8 @@ static int tunnel_connect(lk_plugin *self, lk_connect *req)
 		api->connect_failed(req, msg);
 		return LK_ERROR;
 	}
-	if (!site->agent || site->agent->dying || mux_going_away(site->agent->s)) {
+	agent = site_agent(site);
+	if (!agent) {
 		snprintf(msg, sizeof(msg), "no agent of site \"%s\" is connected", site->name);
 		api->connect_failed(req, msg);
 		return LK_ERROR;
@@ -789,7 +791,7 @@ static int tunnel_connect(lk_plugin *self, lk_connect *req)
 		api->connect_failed(req, "out of memory");
 		return LK_ERROR;
 	}
-	st->a = site->agent;
+	st->a = agent;
 	st->req = req;
 	st->core_fd = sv[0];
 	st->is_cancel = api->connect_is_cancel(req) != 0;
@@ -865,8 +867,6 @@ static int on_config_apply(lk_plugin *self, lk_event *ev)
 				if (strcmp(sites[i].name, a->site->name) == 0 &&
 				    memcmp(sites[i].hash, a->site->hash, 32) == 0)
 					ns = &sites[i];
-			if (ns && a->site->agent == a)
-				ns->agent = a;
 			a->site = ns;
 			if (!ns) {
 				mux_goaway(a->s, MUX_E_UNAUTHORIZED, 0, "site removed or token changed");
@@ -943,7 +943,7 @@ static int cmd_agents(lk_plugin *self, lk_result *res, const char *args)
 		row[5] = b[2];
 		row[6] = a->established ? b[3] : NULL;
 		row[7] = a->dying ? "closing" : !a->established ? "handshake" :
-			 mux_going_away(a->s) || !a->site || a->site->agent != a ? "draining" : "active";
+			 mux_going_away(a->s) || !a->site ? "draining" : "active";
 		api->result_row(res, row);
 	}
 	return LK_HANDLED;

@@ -330,3 +330,43 @@ def test_bad_settings_refuse_the_start(bouncer_factory, pg, certs):
                         raw=re.sub(r"relay_pin = .*\n", "", t.agent_raw()), start=False)
     r = a.run_foreground()
     assert r.returncode != 0 and "relay_ca or relay_pin" in r.stderr + r.stdout
+
+
+def test_copy_with_small_windows_returns_credit(bouncer_factory, pg, certs, table, monkeypatch):
+    """16 KiB stream windows on both ends: a few MB each way need hundreds of
+    WINDOW_UPDATEs, sent only as bytes are written onward."""
+    monkeypatch.setenv("LOKADB_MUX_WINDOW_KB", "16")
+    t = Tunnel(bouncer_factory, pg, certs)
+    t.start_relay()
+    t.start_agent()
+    rows = 40000
+    data = "".join(f"{i}\t{'y' * 70}{i}\n" for i in range(rows)).encode()
+    with t.connect() as c:
+        with c.cursor().copy(f"copy {table} from stdin") as cp:
+            cp.write(data)
+        out = bytearray()
+        with c.cursor().copy(f"copy (select * from {table} order by id) to stdout") as cp:
+            for chunk in cp:
+                out += chunk
+    assert bytes(out) == data
+
+
+def test_two_agents_of_a_site_share_it(bouncer_factory, pg, certs):
+    t = Tunnel(bouncer_factory, pg, certs)
+    t.start_relay()
+    first = t.start_agent()
+    second = bouncer_factory(settings={"plugins": "agent"}, raw=t.agent_raw())
+    t.wait_connected(agent=second)
+    wait_until(lambda: len([r for r in t.relay.admin_dicts("SHOW AGENTS")
+                            if r["site"] == "acme" and r["state"] == "active"]) == 2,
+               5 * SLOW, what="both sessions to be active")
+    with t.connect() as c:
+        assert c.execute("select 1").fetchone()[0] == 1
+    assert int(t.agent_row(second)["bytes_in"]) > 0      # the newest took the stream
+    assert t.agent_row(first)["state"] == "connected"    # and nobody was told to go away
+    second.stop()
+    wait_until(lambda: len([r for r in t.relay.admin_dicts("SHOW AGENTS") if r["site"] == "acme"]) == 1,
+               10 * SLOW, what="the relay to drop the stopped agent")
+    with t.connect() as c:
+        assert c.execute("select 7").fetchone()[0] == 7
+    assert int(t.agent_row(first)["bytes_in"]) > 0
