@@ -640,6 +640,8 @@ static void agent_event_cb(struct bufferevent *bev, short what, void *arg)
 	if (what & BEV_EVENT_CONNECTED)
 		return;
 	e = bufferevent_get_openssl_error(a->bev);
+	if (e && (ERR_GET_LIB(e) == 0 || ERR_GET_LIB(e) == ERR_LIB_SYS))
+		e = 0;	/* a socket error libevent passed through OpenSSL's queue */
 	if (e) {
 		ERR_error_string_n(e, why, sizeof(why));
 		if (!a->established)

@@ -370,3 +370,12 @@ def test_two_agents_of_a_site_share_it(bouncer_factory, pg, certs):
     with t.connect() as c:
         assert c.execute("select 7").fetchone()[0] == 7
     assert int(t.agent_row(first)["bytes_in"]) > 0
+
+
+def test_reload_without_the_site_closes_its_session(tunnel):
+    tunnel.relay.write_ini(raw=tunnel.relay_raw(sites=f"beta:{sha256_hex(OTHER_TOKEN)}"))
+    tunnel.relay.reload()
+    wait_until(lambda: "refused the token" in (tunnel.agent_row()["last_error"] or ""), 10 * SLOW,
+               what="the agent to be told its site is gone")
+    err = query_error(tunnel.relay, "org_a")
+    assert 'no tunnel site "acme"' in str(err) and err.sqlstate == "08001", err.fields
