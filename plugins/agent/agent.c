@@ -1141,6 +1141,24 @@ static int cmd_agent(lk_plugin *self, lk_result *res, const char *args)
 	return LK_HANDLED;
 }
 
+/* ================= metrics ================= */
+
+static void metric_value(lk_plugin *self, lk_metrics *m, void *arg)
+{
+	double v = 0;
+
+	(void)self;
+	switch ((int)(intptr_t)arg) {
+	case 0: v = A.cur && A.cur->established ? 1 : 0; break;
+	case 1: v = A.n_streams; break;
+	case 2: v = (double)A.reconnects; break;
+	case 3: v = (double)A.bytes_in; break;
+	case 4: v = (double)A.bytes_out; break;
+	case 5: v = (double)A.refused; break;
+	}
+	api->metric_sample(m, NULL, v);
+}
+
 /* ================= init ================= */
 
 static int agent_init(lk_plugin *self, const lk_api *a)
@@ -1166,6 +1184,22 @@ static int agent_init(lk_plugin *self, const lk_api *a)
 	    a->console_register(self, "SHOW AGENT", 0, cmd_agent, "the agent's session with the relay") != 0) {
 		a->init_error(self, "registration failed");
 		return -1;
+	}
+	if (LK_API_HAS(a, metric_register)) {
+		static const struct { const char *name; int type; const char *help; } mt[] = {
+			{ "connected", LK_METRIC_GAUGE, "1 while a session with the relay is established" },
+			{ "streams", LK_METRIC_GAUGE, "database connections served now" },
+			{ "dials", LK_METRIC_COUNTER, "connections to the relay attempted" },
+			{ "received_bytes", LK_METRIC_COUNTER, "stream bytes from the relay" },
+			{ "sent_bytes", LK_METRIC_COUNTER, "stream bytes to the relay" },
+			{ "refused", LK_METRIC_COUNTER, "streams refused" },
+		};
+		for (size_t i = 0; i < sizeof(mt) / sizeof(mt[0]); i++)
+			if (a->metric_register(self, mt[i].name, mt[i].type, mt[i].help, metric_value,
+					       (void *)(intptr_t)i) != 0) {
+				a->init_error(self, "metric registration failed");
+				return -1;
+			}
 	}
 	return 0;
 }

@@ -47,6 +47,7 @@
 #define OUT_LOW_WATER (256 * 1024)	/* produce more mux output below this */
 #define PAIR_READ_HIGH (256 * 1024)	/* stop reading the core's end above this */
 #define MAX_SITES 1024
+#define MAX_HANDSHAKES 128		/* connections not yet authenticated */
 
 static const lk_api *api;
 static lk_plugin *me;
@@ -91,7 +92,7 @@ static struct {
 	struct agent *agents;
 	struct stream *streams;
 	unsigned n_streams, max_streams;
-	long long refused_auth, refused_streams;
+	long long refused_auth, refused_streams, refused_handshakes;
 	struct mux_settings settings;
 } R;
 
@@ -688,6 +689,20 @@ static void accept_cb(struct evconnlistener *lis, evutil_socket_t fd, struct soc
 	(void)lis;
 	(void)arg;
 	getnameinfo(sa, (socklen_t)salen, host, sizeof(host), port, sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV);
+	{
+		int pending = 0;
+
+		for (struct agent *x = R.agents; x; x = x->next)
+			pending += !x->established && !x->dying;
+		if (pending >= MAX_HANDSHAKES) {
+			R.refused_handshakes++;
+			if (R.refused_handshakes == 1 || R.refused_handshakes % 1000 == 0)
+				api->log(me, LK_LOG_WARNING, "relay: connection from %s:%s closed: %d handshakes in progress",
+					 host, port, MAX_HANDSHAKES);
+			evutil_closesocket(fd);
+			return;
+		}
+	}
 	a = calloc(1, sizeof(*a));
 	ssl = a ? SSL_new(R.ctx) : NULL;
 	if (!ssl) {
@@ -979,6 +994,36 @@ static int cmd_streams(lk_plugin *self, lk_result *res, const char *args)
 	return LK_HANDLED;
 }
 
+/* ================= metrics ================= */
+
+static void metric_agents(lk_plugin *self, lk_metrics *m, void *arg)
+{
+	(void)self;
+	for (int i = 0; i < R.n_sites; i++) {
+		long n = 0, streams = 0;
+		const char *labels[] = { "site", R.sites[i].name, NULL };
+
+		for (struct agent *a = R.agents; a; a = a->next)
+			if (a->site == &R.sites[i] && a->established && !a->dying) {
+				n++;
+				streams += a->n_streams;
+			}
+		api->metric_sample(m, labels, (double)(arg ? streams : n));
+	}
+}
+
+static void metric_refused(lk_plugin *self, lk_metrics *m, void *arg)
+{
+	const char *auth[] = { "reason", "token", NULL }, *streams[] = { "reason", "max_streams", NULL },
+		   *hs[] = { "reason", "handshakes", NULL };
+
+	(void)self;
+	(void)arg;
+	api->metric_sample(m, auth, (double)R.refused_auth);
+	api->metric_sample(m, streams, (double)R.refused_streams);
+	api->metric_sample(m, hs, (double)R.refused_handshakes);
+}
+
 /* ================= init ================= */
 
 static int relay_init(lk_plugin *self, const lk_api *a)
@@ -1003,6 +1048,17 @@ static int relay_init(lk_plugin *self, const lk_api *a)
 	    a->console_register(self, "SHOW AGENTS", 0, cmd_agents, "agents connected to the relay") != 0 ||
 	    a->console_register(self, "SHOW STREAMS", 0, cmd_streams, "tunnel streams of the relay") != 0) {
 		a->init_error(self, "registration failed");
+		return -1;
+	}
+	if (LK_API_HAS(a, metric_register) &&
+	    (a->metric_register(self, "agents", LK_METRIC_GAUGE, "agent sessions accepted, per site", metric_agents,
+				NULL) != 0 ||
+	     a->metric_register(self, "streams", LK_METRIC_GAUGE, "open tunnel streams, per site", metric_agents,
+				(void *)1) != 0 ||
+	     a->metric_register(self, "refused", LK_METRIC_COUNTER,
+				"agents refused (token), streams refused (max_streams), connections closed (handshakes)",
+				metric_refused, NULL) != 0)) {
+		a->init_error(self, "metric registration failed");
 		return -1;
 	}
 	return 0;

@@ -12,6 +12,7 @@ import hashlib
 import re
 import subprocess
 import threading
+import urllib.request
 import time
 
 import pytest
@@ -80,13 +81,14 @@ class Tunnel:
             raw += f"max_streams = {max_streams}\n"
         return raw
 
-    def start_relay(self, **kw):
+    def start_relay(self, settings=None, **kw):
         dbs = {"org_a": f"transport=tunnel host=acme dbname={DB} pool_mode=transaction pool_size=5",
                "org_a_session": f"transport=tunnel host=acme dbname={DB}",
                "org_b": f"transport=tunnel host=beta dbname={DB} pool_mode=transaction",
                "org_a_nodb": "transport=tunnel host=acme dbname=p0 pool_mode=transaction",
                "org_a_p2": "transport=tunnel host=acme dbname=p2 pool_mode=transaction"}
-        self.relay = self.factory(settings={"plugins": "relay"}, databases=dbs, raw=self.relay_raw(**kw))
+        self.relay = self.factory(settings={"plugins": "relay", **(settings or {})}, databases=dbs,
+                                  raw=self.relay_raw(**kw))
         return self.relay
 
     def agent_raw(self, token=TOKEN, verify="pin", site="acme", max_conns=100):
@@ -100,8 +102,8 @@ class Tunnel:
             raw += f"relay_ca = {self.certs / 'ca.pem'}\n"
         return raw
 
-    def start_agent(self, wait=True, **kw):
-        self.agent = self.factory(settings={"plugins": "agent"}, raw=self.agent_raw(**kw))
+    def start_agent(self, wait=True, settings=None, **kw):
+        self.agent = self.factory(settings={"plugins": "agent", **(settings or {})}, raw=self.agent_raw(**kw))
         if wait:
             self.wait_connected()
         return self.agent
@@ -379,3 +381,25 @@ def test_reload_without_the_site_closes_its_session(tunnel):
                what="the agent to be told its site is gone")
     err = query_error(tunnel.relay, "org_a")
     assert 'no tunnel site "acme"' in str(err) and err.sqlstate == "08001", err.fields
+
+
+def scrape(port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5 * SLOW) as r:
+        return r.read().decode()
+
+
+def test_metrics_of_relay_and_agent(bouncer_factory, pg, certs):
+    t = Tunnel(bouncer_factory, pg, certs)
+    rport, aport = free_port(), free_port()
+    t.start_relay(settings={"metrics_listen": f"127.0.0.1:{rport}"})
+    t.start_agent(settings={"metrics_listen": f"127.0.0.1:{aport}"})
+    with t.connect("org_a_session") as c:
+        c.execute("select 1")
+        text = scrape(rport)
+        assert 'lokadb_relay_agents{site="acme"} 1' in text, text
+        assert 'lokadb_relay_agents{site="beta"} 0' in text, text
+        assert 'lokadb_relay_streams{site="acme"} 1' in text, text
+        assert 'lokadb_relay_refused{reason="token"} 0' in text, text
+        text = scrape(aport)
+        assert "lokadb_agent_connected 1" in text and "lokadb_agent_streams 1" in text, text
+        assert re.search(r"^lokadb_agent_received_bytes [1-9]", text, re.M), text
