@@ -403,3 +403,19 @@ def test_metrics_of_relay_and_agent(bouncer_factory, pg, certs):
         text = scrape(aport)
         assert "lokadb_agent_connected 1" in text and "lokadb_agent_streams 1" in text, text
         assert re.search(r"^lokadb_agent_received_bytes [1-9]", text, re.M), text
+
+
+def test_a_client_that_stops_reading_stalls_only_its_own_stream(tunnel):
+    """A client that asks for ~100 MB and reads nothing fills its stream's
+    window; the other streams of the same agent session go on."""
+    w = tunnel.relay.wire(5.0)
+    w.login(USER, "org_a_session")
+    w.send_msg(b"Q", b"select repeat('x', 1000000) from generate_series(1, 100)\0")
+    time.sleep(0.5 * SLOW)
+    with tunnel.connect() as c:
+        for i in range(20):
+            assert c.execute("select %s::int", (i,)).fetchone()[0] == i
+    streams = [r for r in tunnel.relay.admin_dicts("SHOW STREAMS") if r["site"] == "acme"]
+    # one 4 MiB window plus socket and pooler buffers (about 8 MB here), far from 100 MB
+    assert streams and max(int(r["bytes_in"]) for r in streams) < 32 * 1024 * 1024, streams
+    w.close()
