@@ -419,3 +419,16 @@ def test_a_client_that_stops_reading_stalls_only_its_own_stream(tunnel):
     # one 4 MiB window plus socket and pooler buffers (about 8 MB here), far from 100 MB
     assert streams and max(int(r["bytes_in"]) for r in streams) < 32 * 1024 * 1024, streams
     w.close()
+
+
+def test_agent_reload_changes_the_allow_list_and_keeps_the_session(tunnel):
+    err = query_error(tunnel.relay, "org_a_nodb")           # p0 is not in the allow-list
+    assert "the agent has no database of that name" in str(err), err.fields
+    dials = int(tunnel.agent_row()["dials"])
+    raw = tunnel.agent_raw().replace("databases = ", f"databases = p0:host=127.0.0.1 port={tunnel.pg.port}, ")
+    tunnel.agent.write_ini(raw=raw)
+    tunnel.agent.reload()
+    with tunnel.relay.connect("org_a_nodb", USER) as c:
+        wait_until(lambda: c.execute("select current_database()").fetchone()[0] == "p0", 5 * SLOW,
+                   what="p0 through the tunnel")
+    assert int(tunnel.agent_row()["dials"]) == dials       # same relay, site and token: same session
