@@ -410,6 +410,7 @@ bool pool_acquire(struct client *c);		/* links a server, or queues c: false */
 void pool_release(struct server *s);		/* server done with its client */
 void pool_server_ready(struct server *s);	/* login or reset finished: give it work */
 void pool_server_login_failed(struct pool *p, const char *sqlstate, const char *msg);
+void pool_transport_failed(struct pool *p, const char *msg);	/* also its waiting clients, if nothing serves them */
 void pool_client_gone(struct client *c);
 bool pool_move_client(struct client *c, struct lk_db *db);	/* another pool, same user */
 void pool_set_client_state(struct client *c, enum client_state st);

@@ -331,7 +331,11 @@ static bool can_launch(struct pool *p, bool reserve)
 
 	if (pool_server_total(p) >= limit)
 		return false;
-	if (p->last_connect_fail && now_mono() - p->last_connect_fail < rt->cf->server_login_retry && p->n_login_cl == 0)
+	/* A transport pool with no server at all asks the transport again for a
+	 * waiting client: its failure is immediate and fails that client
+	 * (pool_transport_failed) instead of leaving it to query_wait_timeout. */
+	if (p->last_connect_fail && now_mono() - p->last_connect_fail < rt->cf->server_login_retry && p->n_login_cl == 0 &&
+	    !(p->db->conf.transport && pool_server_total(p) == 0 && p->n_waiting_cl > 0))
 		return false;
 	if (dbmax > 0 && p->db->server_count >= dbmax && !make_room(p, true))
 		return false;
@@ -537,6 +541,24 @@ void pool_server_login_failed(struct pool *p, const char *sqlstate, const char *
 	p->last_error = xstrdup(msg);
 	while ((c = TAILQ_FIRST(&p->login_clients)))
 		client_close(c, sqlstate, "%s", msg);
+}
+
+/*
+ * A plugin transport could not open a server connection (e.g. no tunnel
+ * agent of the site is connected): besides the clients logging in, fail the
+ * clients waiting for a server when the pool has no other server that could
+ * serve them (the failing one is still counted), rather than have them wait
+ * for query_wait_timeout while every retry fails the same way.
+ */
+void pool_transport_failed(struct pool *p, const char *msg)
+{
+	struct client *c;
+
+	pool_server_login_failed(p, "08001", msg);
+	if (pool_server_total(p) > 1)
+		return;
+	while ((c = TAILQ_FIRST(&p->waiting_clients)))
+		client_close(c, "08001", "%s", msg);
 }
 
 /* The client is going away: settle its server and take it off the pool. */

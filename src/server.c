@@ -261,7 +261,7 @@ void server_transport_failed(struct server *s, const char *msg)
 	char buf[512];
 	snprintf(buf, sizeof(buf), "could not connect to server through transport \"%s\": %s",
 		 s->pool->db->conf.transport, msg);
-	pool_server_login_failed(s->pool, "08001", buf);
+	pool_transport_failed(s->pool, buf);
 	server_close(s, "%s", buf);
 }
 
