@@ -110,7 +110,7 @@ static void show_state(struct admin_ctx *a)
 	static const char *const cols[] = { "key", "value" };
 	const char *r1[] = { "active", rt->paused ? "no" : "yes" };
 	const char *r2[] = { "paused", rt->paused ? "yes" : "no" };
-	const char *r3[] = { "suspended", "no" };
+	const char *r3[] = { "suspended", rt->suspended ? "yes" : "no" };
 	row_header(a, 2, cols);
 	pkt_data_row(a->pb, 2, r1);
 	pkt_data_row(a->pb, 2, r2);
@@ -931,7 +931,16 @@ void admin_janitor(void)
 		if (!c->pause_wait)
 			continue;
 		wp = close_waits ? find_close_wait(c->id) : NULL;
-		if (wp) {
+		if (c->suspend_wait) {
+			/* (a RESUME from another console meanwhile answers it too) */
+			if (rt->suspended && lokadb_unflushed() > 0) {
+				if (rt->cf->suspend_timeout <= 0 || now_mono() - rt->suspend_start <= rt->cf->suspend_timeout)
+					continue;
+				lokadb_suspend_drop();
+			}
+			c->suspend_wait = false;
+			tag = "SUSPEND";
+		} else if (wp) {
 			if (count_close_needed((*wp)->db) > 0)
 				continue;
 			drop_close_wait(wp);
@@ -1028,10 +1037,29 @@ static void cmd_kill_client(struct admin_ctx *a)
 		finish(a, "KILL_CLIENT");
 }
 
-/* SUSPEND exists for PgBouncer's online restart (-R), which lokadb does not have. */
+/*
+ * SUSPEND: stop reading every connection but the consoles' and stop
+ * accepting; answered once every buffer toward clients and servers is
+ * written (admin_janitor()), or once suspend_timeout has closed those that
+ * would not drain. RESUME undoes it.
+ */
 static void cmd_suspend(struct admin_ctx *a)
 {
-	fail(a, "0A000", "SUSPEND is not supported: lokadb has no online restart");
+	if (a->nargs > 1) {
+		fail(a, "42601", "syntax: SUSPEND");
+		return;
+	}
+	if (rt->suspended) {
+		fail(a, "55000", "already suspended");
+		return;
+	}
+	lokadb_suspend(true);
+	if (lokadb_unflushed() == 0) {
+		finish(a, "SUSPEND");
+		return;
+	}
+	a->c->pause_wait = true;	/* answered by admin_janitor() */
+	a->c->suspend_wait = true;
 }
 
 /* DISABLE db / ENABLE db: the databases whose new client logins are refused. */
@@ -1110,6 +1138,7 @@ static void cmd_resume(struct admin_ctx *a)
 	struct lk_db *db = arg_db(a, 1, &bad);
 	if (bad)
 		return;
+	lokadb_suspend(false);
 	pool_resume(db);
 	finish(a, "RESUME");
 }

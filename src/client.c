@@ -889,6 +889,7 @@ static void client_login_done(struct client *c)
 		c->admin_full = admin;
 		TAILQ_REMOVE(&rt->login_clients, c, entry);
 		c->state = CL_ADMIN;
+		c->io.console = true;
 		TAILQ_INSERT_TAIL(&rt->admin_clients, c, entry);
 		client_welcome(c);
 		return;

@@ -233,8 +233,8 @@ const struct cf_setting config_settings[] = {
 	STR_ROW(stats_users, NULL, true,
 		"Users allowed to run the read-only SHOW commands of the admin console (comma-separated)."),
 	TIME_ROW(suspend_timeout, "10", true,
-		 "Accepted for PgBouncer compatibility, no effect: SUSPEND and online restart (-R) are not "
-		 "supported (a rolling restart uses so_reuseport)."),
+		 "How long SUSPEND waits for a connection's queued output to be written before it closes "
+		 "that connection (0 = wait for ever)."),
 	BOOL_ROW(syslog, "0", false,
 		 "Also send the log to syslog."),
 	STR_ROW(syslog_facility, "daemon", false,

@@ -98,6 +98,7 @@ struct conn_io {
 	bool rd_on;			/* rd is added */
 	bool spare_ok;			/* its bufferevent may be kept as a spare when freed */
 	bool tls;			/* ssl is set: reads and writes go through OpenSSL */
+	bool console;			/* a console session: keeps reading while SUSPENDed */
 	bool hs_done;			/* TLS handshake finished */
 	bool wr_on;			/* wr is added */
 	bool rd_on_wr;			/* TLS: a read waits for the socket to be writable */
@@ -173,6 +174,7 @@ struct client {
 	bool fwd_drop;			/* ... or to drop (a refused message) */
 	bool admin_full;		/* console: admin (not only stats) */
 	bool pause_wait;		/* console: PAUSE not answered yet */
+	bool suspend_wait;		/* ... the wait is SUSPEND's (for the buffers to drain) */
 	struct lk_db *pause_db;		/* ... for this database (NULL: all) */
 	bool closing;
 	bool throttled;			/* reading paused because the server's output is full */
@@ -241,6 +243,8 @@ struct server {
 	bool in_query, in_xact;		/* the client's query / transaction is running (stats) */
 	uint32_t fwd_remaining;
 	bool fwd_hidden;		/* the message being forwarded is dropped */
+	uint32_t batch;			/* whole messages at the head of the input, decided, not yet moved */
+	bool batch_hidden;		/* ... and dropped rather than forwarded */
 	bool throttled;
 	void **pctx;			/* per-plugin context slots */
 	struct lk_connect *conn_req;	/* plugin transport connect in progress */
@@ -324,6 +328,8 @@ struct lk_runtime {
 	struct dns_ctx *dns;
 	int n_clients;			/* all client connections, for max_client_conn */
 	bool paused;			/* global PAUSE */
+	bool suspended;			/* SUSPEND: no reading from any connection but the console's, no accepting */
+	usec_t suspend_start;		/* monotonic: when SUSPEND began */
 	bool accept_paused;		/* accept() ran out of descriptors: listeners off until the next janitor run */
 	usec_t accept_fail_logged;	/* monotonic: when that was last logged (repeats are suppressed) */
 	enum shutdown_mode shutdown;
@@ -448,6 +454,9 @@ void runtime_teardown(void);
 bool lokadb_reload(char *err, size_t errlen);
 void lokadb_shutdown(enum shutdown_mode mode);
 void lokadb_check_shutdown(void);
+void lokadb_suspend(bool on);
+size_t lokadb_unflushed(void);
+void lokadb_suspend_drop(void);
 
 /* plugin.c */
 bool plugins_load(const struct lk_config *cf, char *err, size_t errlen);

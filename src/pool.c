@@ -910,6 +910,10 @@ void pool_janitor(void)
 	struct client *c, *tmp;
 	usec_t now = rt->now = now_mono();
 
+	if (rt->suspended) {		/* SUSPEND: connections stand still, their timers too */
+		admin_janitor();
+		return;
+	}
 	TAILQ_FOREACH_SAFE(c, &rt->login_clients, entry, tmp)
 		if (rt->cf->client_login_timeout > 0 && now - c->login_start > rt->cf->client_login_timeout)
 			client_close(c, "57014", "client_login_timeout");

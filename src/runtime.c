@@ -514,6 +514,97 @@ static int count_clients(void)
 	return n;
 }
 
+/* ---- SUSPEND ---- */
+
+static void conn_recheck(struct conn_io *io)
+{
+	conn_want_read(io, io->rd_want);	/* conn_update_rd() looks at rt->suspended */
+}
+
+/* Every client and server connection, for SUSPEND / RESUME and its drain. */
+static size_t walk_conns(void (*fn)(struct conn_io *io))
+{
+	struct client_list *cls[] = { &rt->login_clients, &rt->admin_clients };
+	struct pool *p;
+	struct client *c;
+	struct server *s;
+	size_t out = 0;
+
+#define VISIT(x) do { if ((x)->bev) { out += evbuffer_get_length(bufferevent_get_output((x)->bev)); \
+			  if (fn) fn(&(x)->io); } } while (0)
+	for (size_t i = 0; i < sizeof(cls) / sizeof(cls[0]); i++)
+		TAILQ_FOREACH(c, cls[i], entry)
+			VISIT(c);
+	TAILQ_FOREACH(p, &rt->pools, entry) {
+		struct client_list *pc[] = { &p->active_clients, &p->waiting_clients, &p->login_clients };
+		struct server_list *ps[] = { &p->active_servers, &p->idle_servers, &p->tested_servers, &p->login_servers };
+		for (size_t i = 0; i < sizeof(pc) / sizeof(pc[0]); i++)
+			TAILQ_FOREACH(c, pc[i], entry)
+				VISIT(c);
+		for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++)
+			TAILQ_FOREACH(s, ps[i], entry)
+				VISIT(s);
+	}
+#undef VISIT
+	return out;
+}
+
+/*
+ * SUSPEND (on) / RESUME (off), as PgBouncer: no connection but the
+ * console's is read any more and nothing new is accepted (new clients wait
+ * in the listen backlog), while what is queued is written out; the console
+ * command answers once every output buffer is empty (lokadb_unflushed()).
+ */
+void lokadb_suspend(bool on)
+{
+	if (rt->suspended == on)
+		return;
+	rt->suspended = on;
+	rt->suspend_start = now_mono();
+	for (int i = 0; i < rt->n_listeners; i++) {
+		if (!rt->listeners[i].l)
+			continue;
+		if (on)
+			evconnlistener_disable(rt->listeners[i].l);
+		else if (!rt->accept_paused)
+			evconnlistener_enable(rt->listeners[i].l);
+	}
+	walk_conns(conn_recheck);
+	log_info(on ? "SUSPEND: not reading from clients or servers, not accepting" : "RESUME after SUSPEND");
+}
+
+/* Bytes still queued toward clients and servers. */
+size_t lokadb_unflushed(void)
+{
+	return walk_conns(NULL);
+}
+
+/* suspend_timeout is over: connections that did not drain are closed, as PgBouncer drops them. */
+void lokadb_suspend_drop(void)
+{
+	struct client_list *cls[] = { &rt->login_clients };
+	struct pool *p;
+	struct client *c, *ct;
+	struct server *s, *st;
+
+	for (size_t i = 0; i < sizeof(cls) / sizeof(cls[0]); i++)
+		TAILQ_FOREACH_SAFE(c, cls[i], entry, ct)
+			if (c->bev && evbuffer_get_length(bufferevent_get_output(c->bev)) > 0)
+				client_close(c, NULL, "suspend_timeout");
+	TAILQ_FOREACH(p, &rt->pools, entry) {
+		struct client_list *pc[] = { &p->active_clients, &p->waiting_clients, &p->login_clients };
+		struct server_list *ps[] = { &p->active_servers, &p->idle_servers, &p->tested_servers, &p->login_servers };
+		for (size_t i = 0; i < sizeof(pc) / sizeof(pc[0]); i++)
+			TAILQ_FOREACH_SAFE(c, pc[i], entry, ct)
+				if (c->bev && evbuffer_get_length(bufferevent_get_output(c->bev)) > 0)
+					client_close(c, NULL, "suspend_timeout");
+		for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++)
+			TAILQ_FOREACH_SAFE(s, ps[i], entry, st)
+				if (s->bev && evbuffer_get_length(bufferevent_get_output(s->bev)) > 0)
+					server_close(s, "suspend_timeout");
+	}
+}
+
 void lokadb_check_shutdown(void)
 {
 	if (rt->tcp_closing)

@@ -526,6 +526,44 @@ static void move_bytes(struct server *s, struct evbuffer *in, uint32_t n)
 	s->fwd_remaining = n - take;
 }
 
+/*
+ * Pass-through messages are not moved one by one: whole messages that go
+ * the same way (forwarded, or dropped) collect in s->batch and move to the
+ * client with one evbuffer_remove_buffer() (RowDescription, DataRows,
+ * CommandComplete and ReadyForQuery of a small reply: one move instead of
+ * four, and one round of buffer callbacks). Anything that looks at the input
+ * at offset 0, writes to the client itself or may hand the server to
+ * another client flushes the batch first; server_process() flushes it
+ * before it returns.
+ */
+static void batch_flush(struct server *s, struct evbuffer *in)
+{
+	bool hidden = s->fwd_hidden;
+	uint32_t n = s->batch;
+
+	if (!n)
+		return;
+	s->batch = 0;
+	s->fwd_hidden = s->batch_hidden;
+	move_bytes(s, in, n);
+	s->fwd_hidden = hidden;
+}
+
+/* The next n bytes after the batch (all of them in `in`) go the way s->fwd_hidden says. */
+static void batch_take(struct server *s, struct evbuffer *in, uint32_t n)
+{
+	if (s->batch && s->batch_hidden != s->fwd_hidden)
+		batch_flush(s, in);
+	s->batch_hidden = s->fwd_hidden;
+	s->batch += n;
+}
+
+/* Is the whole message of n bytes (type byte included) in `in` after the batch? */
+static bool batch_whole(struct server *s, struct evbuffer *in, uint32_t n)
+{
+	return evbuffer_get_length(in) >= (size_t)s->batch + n;
+}
+
 static void account_rfq(struct server *s, char status)
 {
 	struct lk_stats *st = &s->pool->stats;
@@ -608,7 +646,8 @@ static void handle_rfq(struct server *s, struct evbuffer *in, const uint8_t *hdr
 	else if (hidden_rfq)
 		plugin_tvars_hidden_rfq(s, status);
 	s->txn_status = status;
-	move_bytes(s, in, 6);
+	batch_take(s, in, 6);
+	batch_flush(s, in);
 	rq_flush_synth(s);
 	if (s->rq.count || status != 'I' || s->copy_in || s->ext_open) {
 		/* ext_open: a prefix answered while the client's batch has no Sync yet */
@@ -625,11 +664,16 @@ static void handle_rfq(struct server *s, struct evbuffer *in, const uint8_t *hdr
  * prepared statement left (for_client: the client ran it: its names go too).
  * false: the message is not all here yet.
  */
+static bool check_tag_wanted(uint32_t len)
+{
+	return len == 4 + sizeof("DISCARD ALL") || len == 4 + sizeof("DEALLOCATE ALL");
+}
+
 static bool check_tag(struct server *s, struct evbuffer *in, uint32_t len, bool for_client)
 {
 	const char *tag;
 
-	if (len != 4 + sizeof("DISCARD ALL") && len != 4 + sizeof("DEALLOCATE ALL"))
+	if (!check_tag_wanted(len))
 		return true;
 	if (evbuffer_get_length(in) < (size_t)len + 1)
 		return false;
@@ -648,12 +692,23 @@ static bool complete_head(struct server *s, struct evbuffer *in, const uint8_t *
 {
 	struct rq_item *it = rq_head(&s->rq);
 
-	if (hdr[0] == 'C' && !check_tag(s, in, len, it->act != RQ_HIDE))
-		return false;
+	if (hdr[0] == 'C' && check_tag_wanted(len)) {
+		batch_flush(s, in);
+		if (!check_tag(s, in, len, it->act != RQ_HIDE))
+			return false;
+	}
 	s->fwd_hidden = it->act == RQ_HIDE;
 	rq_pop(&s->rq);
-	move_bytes(s, in, len + 1);
-	rq_flush_synth(s);
+	if (batch_whole(s, in, len + 1)) {
+		batch_take(s, in, len + 1);
+	} else {
+		batch_flush(s, in);
+		move_bytes(s, in, len + 1);
+	}
+	if ((it = rq_head(&s->rq)) && it->act == RQ_SYNTH) {
+		batch_flush(s, in);	/* the pooler's own replies go after it */
+		rq_flush_synth(s);
+	}
 	return true;
 }
 
@@ -701,8 +756,9 @@ static bool server_message(struct server *s, struct evbuffer *in)
 	uint32_t len;
 	char type;
 	struct rq_item *head;
+	struct evbuffer_ptr at;
 
-	if (evbuffer_copyout(in, hdr, 5) < 5)
+	if (evbuffer_ptr_set(in, &at, s->batch, EVBUFFER_PTR_SET) < 0 || evbuffer_copyout_from(in, &at, hdr, 5) < 5)
 		return false;
 	type = (char)hdr[0];
 	len = pkt_get_u32(hdr + 1);
@@ -718,9 +774,9 @@ static bool server_message(struct server *s, struct evbuffer *in)
 			server_close(s, "invalid ReadyForQuery from server");
 			return false;
 		}
-		if (evbuffer_copyout(in, hdr, 6) < 6)
+		if (evbuffer_copyout_from(in, &at, hdr, 6) < 6)
 			return false;
-		handle_rfq(s, in, hdr);
+		handle_rfq(s, in, hdr);		/* its 6 bytes leave with the batch */
 		return true;
 	case '1':
 	case '2':
@@ -732,10 +788,14 @@ static bool server_message(struct server *s, struct evbuffer *in)
 	case 's':
 		if (head && completes(head, type))
 			return complete_head(s, in, hdr, len);
-		if (type == 'C' && !check_tag(s, in, len, !s->fwd_hidden))	/* a Query's */
-			return false;
+		if (type == 'C' && check_tag_wanted(len)) {
+			batch_flush(s, in);
+			if (!check_tag(s, in, len, !s->fwd_hidden))	/* a Query's */
+				return false;
+		}
 		break;
 	case 'G':
+		batch_flush(s, in);
 		s->copy_in = true;
 		/* a COPY started by Execute: PostgreSQL ignores the Sync already sent */
 		if (head && head->type == 'E' && rq_at(&s->rq, 1) && rq_at(&s->rq, 1)->type == 'S')
@@ -743,11 +803,17 @@ static bool server_message(struct server *s, struct evbuffer *in)
 		break;
 	case 'S':
 	case 'E':
+		batch_flush(s, in);
 		return inspect_message(s, in, hdr, len);
 	default:
 		break;
 	}
-	move_bytes(s, in, len + 1);
+	if (batch_whole(s, in, len + 1)) {
+		batch_take(s, in, len + 1);
+		return true;
+	}
+	batch_flush(s, in);
+	move_bytes(s, in, len + 1);	/* a message still arriving: forwarded as it comes */
 	return true;
 }
 
@@ -800,9 +866,11 @@ void server_process(struct server *s)
 			rq_flush_synth(s);
 			continue;
 		}
-		if (evbuffer_get_length(in) < 5 || !server_message(s, in))
+		if (evbuffer_get_length(in) < (size_t)s->batch + 5 || !server_message(s, in))
 			break;
 	}
+	if (!s->closing && s->bev)
+		batch_flush(s, bufferevent_get_input(s->bev));
 }
 
 /* ---- cancel ---- */

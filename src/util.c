@@ -261,7 +261,7 @@ void conn_write_idle(struct bufferevent *bev)
 
 static void conn_update_rd(struct conn_io *io)
 {
-	bool on = io->rd_want && (!io->rd_high ||
+	bool on = io->rd_want && (!rt->suspended || io->console) && (!io->rd_high ||
 				  evbuffer_get_length(bufferevent_get_input(io->bev)) < io->rd_high);
 	if (on == io->rd_on)
 		return;

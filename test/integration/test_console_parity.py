@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: ISC
 """Console parity with PgBouncer (issue 6): SHOW STATS_TOTALS, STATS_AVERAGES,
 TOTALS, MEM, DNS_HOSTS, DNS_ZONES, SOCKETS, ACTIVE_SOCKETS, and the commands
-KILL_CLIENT, WAIT_CLOSE, SUSPEND, DISABLE and ENABLE."""
+KILL_CLIENT, WAIT_CLOSE, SUSPEND/RESUME, DISABLE and ENABLE."""
 
 import threading
 import time
@@ -306,13 +306,31 @@ def test_console_session_waiting_in_wait_close_can_go_away(bouncer_factory):
 
 # ------------------------------------------------------------ SUSPEND --
 
-def test_suspend_is_refused_with_a_clear_error(bouncer):
-    err = assert_console_error(bouncer.admin_result("SUSPEND"), "0A000")
-    assert err.message == "SUSPEND is not supported: lokadb has no online restart"
-    assert_console_error(bouncer.admin_result("SUSPEND", user="stats"), "42501")
-    assert dict(bouncer.admin("SHOW STATE"))["suspended"] == "no"
-    with bouncer.connect("p0") as c:
-        assert c.execute("select 1").fetchone()[0] == 1
+def test_suspend_stops_all_traffic_until_resume_and_nothing_is_lost(bouncer):
+    """SUSPEND (PgBouncer's): answered once every buffer is flushed; then no
+    connection but the consoles' is read and nothing new is accepted: a query
+    sent meanwhile and a new login wait (they do not fail) and go on at
+    RESUME, with their results."""
+    b = bouncer
+    assert_console_error(b.admin_result("SUSPEND", user="stats"), "42501")
+    c = b.connect("p0")
+    assert c.execute("select 1").fetchone()[0] == 1
+    con = b.login(ADMIN_DB, "admin")                 # the console stays usable while suspended
+    res = con.query("SUSPEND", raise_error=False)
+    assert res.error is None and res.tags == ["SUSPEND"]
+    assert dict(con.query("SHOW STATE").rows)["suspended"] == "yes"
+    assert_error(con.query("SUSPEND", raise_error=False).error, "55000", "already suspended")
+    q = BgCall(lambda: c.execute("select 40 + 2").fetchone()[0])
+    login = BgCall(lambda: b.connect("p1").execute("select current_database()").fetchone()[0])
+    time.sleep(1.0)
+    assert not q.done() and not login.done()         # both wait, neither fails
+    res = con.query("RESUME", raise_error=False)
+    assert res.error is None and res.tags == ["RESUME"]
+    assert q.result(10 * SLOW) == 42
+    assert login.result(10 * SLOW) == "p1"
+    assert dict(con.query("SHOW STATE").rows)["suspended"] == "no"
+    con.close()
+    assert b.admin_result("SHOW VERSION").error is None   # new console logins again
 
 
 # ---------------------------------------------------- DISABLE / ENABLE --
