@@ -30,7 +30,7 @@ else
 BIN = lokadb
 endif
 
-.PHONY: all deps check unit integration bench demo install clean fuzz docs plugins test-plugins test-tools
+.PHONY: all deps check check-san unit integration bench demo install clean fuzz docs plugins test-plugins test-tools
 
 all: config.mk $(BIN) plugins
 
@@ -112,7 +112,18 @@ integration: all test-plugins test-tools
 		LOKADB_TEST_PLUGIN_DIR=$(abspath $(BUILD)/test-plugins) \
 		$(PYTHON) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
-check: deps all unit fuzz-smoke integration
+check: deps all unit fuzz-smoke integration check-san
+
+# The sanitizer pass of `make check`: the same unit and integration tests again on an
+# AddressSanitizer + UndefinedBehaviorSanitizer build (objects in build/san). Skipped when
+# this run is itself a sanitizer build, or with CHECK_SAN=0.
+CHECK_SAN ?= 1
+check-san:
+ifeq ($(SANITIZE),)
+ifneq ($(CHECK_SAN),0)
+	$(MAKE) SANITIZE=address,undefined all test-plugins unit integration
+endif
+endif
 
 # ---- fuzzing (clang + libFuzzer from libclang-rt-14-dev) ----
 FUZZ_SRCS = $(wildcard test/fuzz/fuzz_*.c)

@@ -250,7 +250,9 @@ const struct cf_setting config_settings[] = {
 	INT_ROW(tcp_keepintvl, "0", 0, COUNT_MAX, true,
 		"TCP_KEEPINTVL: seconds between keepalive probes (0 = OS default)."),
 	STR_ROW(track_extra_parameters, "IntervalStyle", false,
-		"Startup parameters, besides the standard ones, tracked per client and restored on each server (comma-separated)."),
+		"Parameters, besides the standard ones, tracked per client and restored on each server (comma-separated). "
+		"lokadb always tracks client_encoding, DateStyle, TimeZone, standard_conforming_strings, application_name "
+		"and IntervalStyle; another name is refused as not supported."),
 	TIME_ROW(transaction_timeout, "0", true,
 		 "Close a client whose transaction has been open for longer than this, with its server connection (0 = never); "
 		 "[users] may override it."),
@@ -610,10 +612,40 @@ static bool parse_bool(const struct cf_setting *s, const char *text, union cf_va
 	return bad_value(s, text, "a boolean (0/1, on/off, true/false, yes/no)", err, errlen);
 }
 
+/*
+ * The ParameterStatus values lokadb keeps per client and restores on each
+ * server (util.c var_names): track_extra_parameters may name only these, so
+ * that no name is silently ignored.
+ */
+static const char *const tracked_params[] = {
+	"client_encoding", "DateStyle", "TimeZone", "standard_conforming_strings", "application_name",
+	"IntervalStyle", NULL
+};
+
+static bool check_tracked(const char *text, char *err, size_t errlen)
+{
+	const char *p = text;
+
+	while (*p) {
+		size_t n = strcspn(p, ", \t");
+		bool known = n == 0;
+		for (int i = 0; !known && tracked_params[i]; i++)
+			known = strlen(tracked_params[i]) == n && strncasecmp(tracked_params[i], p, n) == 0;
+		if (!known)
+			return cf_err(err, errlen, "track_extra_parameters: \"%.*s\" is not supported by this version of "
+				      "lokadb (it tracks client_encoding, DateStyle, TimeZone, standard_conforming_strings, "
+				      "application_name and IntervalStyle)", (int)n, p);
+		p += n;
+		p += strspn(p, ", \t");
+	}
+	return true;
+}
+
 static bool parse_str(const struct cf_setting *s, const char *text, union cf_value *v, char *err, size_t errlen)
 {
-	(void)s;
 	v->s = NULL;
+	if (s->offset == OFF(track_extra_parameters) && !check_tracked(text, err, errlen))
+		return false;
 	if (!*text)
 		return true;
 	v->s = strdup(text);

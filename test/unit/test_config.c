@@ -494,6 +494,13 @@ static bool test_unsupported(void)
 	CHECK(fx_init(&fx));
 	CHECK(load_fails(&fx, "[pgbouncer]\nauth_ident_file = /etc/ident\n",
 			 ":2: setting \"auth_ident_file\" is not supported by this version of lokadb"));
+	CHECK(load_fails(&fx, "[pgbouncer]\ntrack_extra_parameters = IntervalStyle, search_path\n",
+			 ":2: track_extra_parameters: \"search_path\" is not supported by this version of lokadb "
+			 "(it tracks client_encoding, DateStyle, TimeZone, standard_conforming_strings, "
+			 "application_name and IntervalStyle)"));
+	cf = fx_load(&fx, "[pgbouncer]\ntrack_extra_parameters = intervalstyle,TimeZone\n");
+	CHECK(cf != NULL);
+	config_free(cf);
 	CHECK(load_fails(&fx, "[pgbouncer]\npeer_id = 16384\n",
 			 ":2: value \"16384\" for peer_id is out of range (0 .. 16383)"));
 	cf = fx_load(&fx, "[pgbouncer]\n"
