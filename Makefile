@@ -121,7 +121,7 @@ CHECK_SAN ?= 1
 check-san:
 ifeq ($(SANITIZE),)
 ifneq ($(CHECK_SAN),0)
-	$(MAKE) SANITIZE=address,undefined all test-plugins unit integration
+	@$(MAKE) --no-print-directory SANITIZE=address,undefined all test-plugins unit integration
 endif
 endif
 
