@@ -492,8 +492,9 @@ def test_forced_user_without_password_logs_in_with_its_auth_file_secret(bouncer_
 
 def test_server_check_query_runs_on_a_connection_idle_longer_than_server_check_delay(bouncer_factory):
     check = "select set_config('lokadb_test.checked', 'yes', false)"
+    # pool size 1: no second server may be launched (and win the client) while the check runs
     b = bouncer_factory(settings={"server_check_delay": "0.3", "server_check_query": check,
-                                  "pool_mode": "transaction"})
+                                  "pool_mode": "transaction", "default_pool_size": 1})
     c = b.connect("p0")
     pid, before = c.execute("select pg_backend_pid(), current_setting('lokadb_test.checked', true)").fetchone()
     assert before in (None, "")          # a fresh connection is not checked
