@@ -1002,7 +1002,10 @@ static void forward_bytes(struct client *c, struct evbuffer *in, uint32_t n)
 	s = c->link;
 	out = bufferevent_get_output(s->bev);
 
-	evbuffer_remove_buffer(in, out, take);
+	if (take == avail)	/* the whole input: its chains move, nothing is copied or split */
+		evbuffer_add_buffer(out, in);
+	else
+		evbuffer_remove_buffer(in, out, take);
 	c->fwd_remaining = n - take;
 	s->pool->stats.bytes_received += take;
 	if (evbuffer_get_length(out) > WRITE_HIGH_WATER) {

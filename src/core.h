@@ -60,6 +60,7 @@ enum var_id { VAR_CLIENT_ENCODING, VAR_DATESTYLE, VAR_TIMEZONE, VAR_STD_STRINGS,
 
 struct varcache {
 	char *v[VAR_COUNT];
+	uint64_t stamp;		/* changes with every change of v[]: unique over the process */
 };
 
 enum client_state {
@@ -221,6 +222,7 @@ struct server {
 	struct sockaddr_storage addr;
 	socklen_t addrlen;
 	struct varcache vars;
+	uint64_t vars_from, vars_at;	/* sync_vars(): the client varcache stamp last applied, and ours after it */
 	uint8_t cancel_key[8];
 	int backend_pid;
 	struct replyq rq;		/* the replies it owes, in order (prepared.h) */
@@ -324,6 +326,7 @@ struct lk_runtime {
 	struct event *tcp_close_ev;	/* shutdown: closes the TCP listeners after a short grace */
 	bool tcp_closing;		/* ... which is running: do not exit yet */
 	struct conn_io_list flush_list;		/* outputs to write at the end of this loop turn */
+	bool in_read_ev;			/* in conn_read_ev(): it flushes flush_list when the read is handled */
 	struct event *sig_hup, *sig_term, *sig_int, *sig_quit, *sig_usr1, *sig_usr2;
 	struct dns_ctx *dns;
 	int n_clients;			/* all client connections, for max_client_conn */

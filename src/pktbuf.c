@@ -156,12 +156,26 @@ void pkt_ready(struct pktbuf *pb, char status)
 	pkt_end(pb);
 }
 
+/* One reserve and two copies: a login sends a dozen of these. */
 void pkt_param_status(struct pktbuf *pb, const char *name, const char *value)
 {
-	pkt_begin(pb, 'S');
-	pkt_put_string(pb, name);
-	pkt_put_string(pb, value);
-	pkt_end(pb);
+	size_t nl = strlen(name) + 1, vl = strlen(value) + 1;
+	uint32_t len = (uint32_t)(4 + nl + vl);
+	uint8_t *d;
+
+	if (!pkt_reserve(pb, 1 + (size_t)len))
+		return;
+	d = pb->data + pb->len;
+	d[0] = 'S';
+	d[1] = (uint8_t)(len >> 24);
+	d[2] = (uint8_t)(len >> 16);
+	d[3] = (uint8_t)(len >> 8);
+	d[4] = (uint8_t)len;
+	memcpy(d + 5, name, nl);
+	memcpy(d + 5 + nl, value, vl);
+	pb->msg_start = pb->len;
+	pb->msg_typed = true;
+	pb->len += 1 + (size_t)len;
 }
 
 void pkt_auth_req(struct pktbuf *pb, int32_t code, const void *data, size_t len)

@@ -256,6 +256,9 @@ static void sync_vars(struct client *c, struct server *s)
 {
 	char sql[2048];
 
+	/* the server still has what this client's variables were when they were last applied to it */
+	if (s->vars_from == c->vars.stamp && s->vars_at == s->vars.stamp)
+		return;
 	sql[0] = 0;
 	for (int i = 0; i < VAR_COUNT; i++) {
 		const char *want = c->vars.v[i];
@@ -266,6 +269,8 @@ static void sync_vars(struct client *c, struct server *s)
 	}
 	if (sql[0])
 		server_send_hidden(s, sql);
+	s->vars_from = c->vars.stamp;
+	s->vars_at = s->vars.stamp;
 }
 
 static void server_note_key(struct server *s, uint64_t key, int max);

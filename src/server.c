@@ -516,7 +516,10 @@ static void move_bytes(struct server *s, struct evbuffer *in, uint32_t n)
 		evbuffer_drain(in, take);
 	} else {
 		struct evbuffer *out = bufferevent_get_output(c->bev);
-		evbuffer_remove_buffer(in, out, take);
+		if (take == avail)	/* the whole input: its chains move, nothing is copied or split */
+			evbuffer_add_buffer(out, in);
+		else
+			evbuffer_remove_buffer(in, out, take);
 		s->pool->stats.bytes_sent += take;
 		if (evbuffer_get_length(out) > WRITE_HIGH_WATER) {
 			s->throttled = true;

@@ -17,6 +17,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <arpa/inet.h>
 #include <stdlib.h>
@@ -145,12 +146,15 @@ int varcache_lookup(const char *name)
 	return -1;
 }
 
+static uint64_t var_stamp;
+
 void varcache_set(struct varcache *vc, enum var_id id, const char *value)
 {
 	if (vc->v[id] && value && strcmp(vc->v[id], value) == 0)
 		return;
 	free(vc->v[id]);
 	vc->v[id] = xstrdup(value);
+	vc->stamp = ++var_stamp;
 }
 
 void varcache_free(struct varcache *vc)
@@ -159,6 +163,7 @@ void varcache_free(struct varcache *vc)
 		free(vc->v[i]);
 		vc->v[i] = NULL;
 	}
+	vc->stamp = ++var_stamp;
 }
 
 
@@ -186,10 +191,54 @@ static void conn_out_cb(struct evbuffer *buf, const struct evbuffer_cb_info *inf
 		return;
 	wt->queued = true;
 	TAILQ_INSERT_TAIL(&rt->flush_list, wt, entry);
-	event_active(rt->flush_ev, EV_TIMEOUT, 0);
+	if (!rt->in_read_ev)	/* else conn_read_ev() flushes when the read is handled */
+		event_active(rt->flush_ev, EV_TIMEOUT, 0);
 }
 
 static bool tls_write_out(struct conn_io *io);
+
+/*
+ * Write what the kernel takes of buf with send(2)/sendmsg(2) rather than
+ * evbuffer_write(): writev(2) on a socket goes through the VFS write path,
+ * and the small replies of the hot path fit in one chain, so the common
+ * case is one send() of one chain. Stops at the first short write (the
+ * socket is full) or error; the caller leaves what is left to EV_WRITE,
+ * where the bufferevent reports an error.
+ */
+#define CONN_SEND_IOV 16
+
+static void conn_send(struct evbuffer *buf, int fd)
+{
+	struct evbuffer_iovec v[CONN_SEND_IOV];
+	struct iovec iov[CONN_SEND_IOV];
+	size_t want;
+	ssize_t n;
+	int k;
+
+	while ((k = evbuffer_peek(buf, -1, NULL, v, CONN_SEND_IOV)) > 0) {
+		if (k > CONN_SEND_IOV)
+			k = CONN_SEND_IOV;
+		if (k == 1) {
+			want = v[0].iov_len;
+			n = send(fd, v[0].iov_base, want, MSG_NOSIGNAL);
+		} else {
+			struct msghdr m = { .msg_iov = iov, .msg_iovlen = (size_t)k };
+
+			want = 0;
+			for (int i = 0; i < k; i++) {
+				iov[i].iov_base = v[i].iov_base;
+				iov[i].iov_len = v[i].iov_len;
+				want += v[i].iov_len;
+			}
+			n = sendmsg(fd, &m, MSG_NOSIGNAL);
+		}
+		if (n <= 0)
+			return;
+		evbuffer_drain(buf, (size_t)n);
+		if ((size_t)n < want)
+			return;
+	}
+}
 
 static void conn_flush_one(struct conn_io *wt)
 {
@@ -212,8 +261,7 @@ static void conn_flush_one(struct conn_io *wt)
 		return;
 	/* a bufferevent keeps its output's start frozen; it unfreezes it the same way to write */
 	evbuffer_unfreeze(buf, 1);
-	while (evbuffer_get_length(buf) > 0 && evbuffer_write(buf, fd) > 0)
-		;
+	conn_send(buf, fd);
 	evbuffer_freeze(buf, 1);
 	if (evbuffer_get_length(buf) > 0) {
 		bufferevent_enable(bev, EV_WRITE);	/* full, or an error the bufferevent will report */
@@ -326,6 +374,22 @@ static void conn_read_cb(evutil_socket_t fd, short what, void *arg)
 		eventcb(bev, BEV_EVENT_READING | (n == 0 ? BEV_EVENT_EOF : BEV_EVENT_ERROR), cbarg);
 }
 
+/*
+ * The loop's read event. What the read callback queues for writing is
+ * written when it returns, in the same turn, without a round through
+ * rt->flush_ev (event_active() and its dispatch on every reply).
+ * conn_read_now() calls conn_read_cb() from inside other callbacks and
+ * leaves the flush to rt->flush_ev.
+ */
+static void conn_read_ev(evutil_socket_t fd, short what, void *arg)
+{
+	rt->in_read_ev = true;
+	conn_read_cb(fd, what, arg);
+	rt->in_read_ev = false;
+	if (!TAILQ_EMPTY(&rt->flush_list))
+		conn_flush_all();
+}
+
 /* Read now instead of waiting for the loop to report the socket readable. */
 void conn_read_now(struct conn_io *io)
 {
@@ -337,9 +401,9 @@ void conn_read_now(struct conn_io *io)
 bool conn_io_start(struct conn_io *io, size_t rd_high)
 {
 	if (io->rd)	/* a spare: point it at the new socket */
-		event_assign(io->rd, rt->base, bufferevent_getfd(io->bev), EV_READ | EV_PERSIST, conn_read_cb, io);
+		event_assign(io->rd, rt->base, bufferevent_getfd(io->bev), EV_READ | EV_PERSIST, conn_read_ev, io);
 	else
-		io->rd = event_new(rt->base, bufferevent_getfd(io->bev), EV_READ | EV_PERSIST, conn_read_cb, io);
+		io->rd = event_new(rt->base, bufferevent_getfd(io->bev), EV_READ | EV_PERSIST, conn_read_ev, io);
 	io->rd_high = rd_high;
 	return io->rd != NULL;
 }
