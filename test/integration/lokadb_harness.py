@@ -34,6 +34,7 @@ import hashlib
 import hmac
 import os
 import pwd
+import random
 import re
 import shutil
 import signal
@@ -94,8 +95,36 @@ PG_DEFAULT_TIMEZONE = "Asia/Tokyo"     # distinct from anything a test sets
 # small utilities
 # --------------------------------------------------------------------------
 
+_ports_given = set()
+
+
+def _ephemeral_low():
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port():
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    """A TCP port on 127.0.0.1 that was free a moment ago.
+
+    Picked below the kernel's ephemeral range: a port the kernel hands out
+    for bind(0) is also one it may give any outgoing connection as its local
+    port before the test listens on it. Never the same port twice in a run."""
+    hi = min(_ephemeral_low(), 32768)
+    lo = max(1024, hi - 12000)
+    rng = random.Random()
+    for _ in range(500):
+        port = rng.randrange(lo, hi)
+        if port in _ports_given:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _ports_given.add(port)
+        return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
