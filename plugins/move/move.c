@@ -476,7 +476,8 @@ void job_fail(struct move_job *j, const char *sqlstate, const char *fmt, ...)
 		job_finish(j);
 		return;
 	}
-	if (j->cmd->cleanup_sql && j->pg && strcmp(sqlstate, "08006") != 0 &&
+	/* 08006 of the cloud connection: no cleanup query can run there */
+	if (j->cmd->cleanup_sql && j->pg && (strcmp(sqlstate, "08006") != 0 || j->site_broken) &&
 	    api->pg_query(j->pg, j->cmd->cleanup_sql, 1, params, cleanup_done, j) == 0)
 		return;
 	job_end_with_error(j);
@@ -520,6 +521,7 @@ static void site_result(lk_plugin *self, lk_pg *pg, PGresult *r, void *arg)
 		return;
 	}
 	if (!r) {
+		j->site_broken = 1;
 		job_fail(j, "08006", "%s: the connection to the site broke", j->what);
 		return;
 	}
@@ -541,6 +543,7 @@ void job_site_query(struct move_job *j, const char *sql, job_step_fn fn)
 	q->fn = fn;
 	if (api->pg_query(j->site, sql, 0, NULL, site_result, q) != 0) {
 		free(q);
+		j->site_broken = 1;
 		job_fail(j, "08006", "%s: the connection to the site broke", j->what);
 	}
 }
@@ -561,7 +564,7 @@ static void site_state(lk_plugin *self, lk_pg *pg, int ok, const char *err, void
 		snprintf(msg, sizeof(msg), "%s", err ? err : "unknown error");
 		for (size_t n = strlen(msg); n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == ' '); n--)
 			msg[n - 1] = 0;
-		job_fail(j, "08006", "%s: could not connect to the site database: %s", j->what, msg);
+		job_fail(j, "08001", "%s: could not connect to the site database: %s", j->what, msg);
 		return;
 	}
 	fn = j->site_next;
@@ -576,7 +579,7 @@ int job_site_connect(struct move_job *j, const char *conninfo, job_step_fn conne
 	j->site = api->pg_connect(M->self, conninfo, site_state, j);
 	if (!j->site) {
 		j->site_connecting = 0;
-		job_fail(j, "08006", "%s: could not start a connection to the site database", j->what);
+		job_fail(j, "08001", "%s: could not start a connection to the site database", j->what);
 		return -1;
 	}
 	return 0;

@@ -44,6 +44,7 @@ struct move_job {
 	lk_pg *site;
 	int site_connecting;		/* 1 until the site connection is up */
 	int site_made;			/* 1 once the site's tables were created */
+	int site_broken;		/* 1: the site connection broke (the cloud one may be fine) */
 	char *site_undo;		/* SQL that drops the site's (empty) tables */
 	char *site_ddl;			/* SQL that creates them */
 	job_step_fn site_next;		/* what to call once the site connection is up */
