@@ -429,3 +429,38 @@ def test_a_failed_move_leaves_the_org_in_the_cloud(env):
                [0][0] == 701, 15 * SLOW, what="the scheduled ANALYZE")
     assert "analyzed" in e.b.log()
     assert e.ok("ANALYZE SITES") == [{"foreign_partitions": "2"}]
+
+    # round trips that reach the site per operation of a moved organization,
+    # from the site's statement log (Parse/Bind of a prepared INSERT are not logged)
+    e.site_sql("acme", "ALTER SYSTEM SET log_statement = 'all'")
+    e.site_sql("acme", "SELECT pg_reload_conf()")
+    try:
+        c = e.app()
+        c.execute("SELECT count(*) FROM documents WHERE organization_id = 1")    # the fdw connection is up
+        (doc,) = c.execute("SELECT min(id) FROM documents WHERE organization_id = 1").fetchone()
+        ops = {
+            "read": f"SELECT title FROM documents WHERE organization_id = 1 AND id = {doc}",
+            "insert": "INSERT INTO documents (organization_id, title) VALUES (1, 'round trips')",
+            "update": f"UPDATE documents SET hits = hits + 1 WHERE organization_id = 1 AND id = {doc}",
+            "delete": "DELETE FROM documents WHERE organization_id = 1 AND title = 'round trips'",
+        }
+        logged, pid = {}, None
+        for op, sql in ops.items():
+            time.sleep(0.2)
+            off = e.site_pg.log_size()
+            c.execute(sql)
+            time.sleep(0.3)
+            # the site backend serving this session's fdw connection (the scheduled
+            # ANALYZE has connections of its own)
+            lines = [ln for ln in e.site_pg.log_since(off).splitlines()
+                     if "@site1 " in ln and ("LOG:  statement:" in ln or "LOG:  execute" in ln)
+                     and (pid is None or f"[{pid}]" in ln)]
+            pid = pid or lines[0].split("[", 1)[1].split("]", 1)[0]
+            logged[op] = len(lines)
+            print(op, len(lines), [ln.split("LOG:  ", 1)[1][:90] for ln in lines])
+        # budget: read 5, insert 3+2 (START, execute, DEALLOCATE, COMMIT logged + Parse),
+        # update/delete 3 without row triggers
+        assert logged == {"read": 5, "insert": 4, "update": 3, "delete": 3}, logged
+    finally:
+        e.site_sql("acme", "ALTER SYSTEM RESET log_statement")
+        e.site_sql("acme", "SELECT pg_reload_conf()")
