@@ -300,6 +300,15 @@ def test_move_two_orgs_offline_to_two_sites(env):
         # ANALYZEd right after the move (autovacuum never analyzes foreign tables)
         assert e.cloud_sql("SELECT reltuples FROM pg_class WHERE oid = %s::regclass",
                            (f"documents_o{org}_1",))[0][0] > 0
+    # the site's tables: the leaf's keys, indexes, checks; defaults but not the cloud's sequences
+    idx = sorted(r[0].split(" USING ")[1] for r in e.site_sql("acme", "SELECT indexdef FROM pg_indexes "
+                                                               "WHERE tablename = 'documents'"))
+    assert idx == ["btree (id)", "btree (organization_id, id)"], idx
+    defaults = dict(e.site_sql("acme", "SELECT column_name, column_default FROM information_schema.columns "
+                                       "WHERE table_name = 'documents'"))
+    assert defaults["id"] is None and defaults["hits"] == "0" and defaults["created_at"] == "now()", defaults
+    with pytest.raises(psycopg.errors.CheckViolation):
+        e.site_sql("acme", "INSERT INTO documents (organization_id, id, title) VALUES (2, -1, 'other org')")
     at_site = {r[0] for r in e.site_sql("acme", "SELECT id FROM documents")}
     assert set(w.ids) <= at_site
     assert len(at_site) == 300 + len(w.ids)
