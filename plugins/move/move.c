@@ -501,6 +501,8 @@ static void job_fail_pg(struct move_job *j, PGresult *r)
 
 /* ------------------------------------------------- the site connection -- */
 
+static void job_notice(void *arg, const PGresult *r);
+
 struct job_site_ctx {
 	struct move_job *j;
 	job_step_fn fn;
@@ -567,6 +569,7 @@ static void site_state(lk_plugin *self, lk_pg *pg, int ok, const char *err, void
 		job_fail(j, "08001", "%s: could not connect to the site database: %s", j->what, msg);
 		return;
 	}
+	PQsetNoticeReceiver(api->pg_conn(pg), job_notice, j);
 	fn = j->site_next;
 	j->site_next = NULL;
 	fn(j, NULL);

@@ -436,7 +436,8 @@ def test_a_failed_move_leaves_the_org_in_the_cloud(env):
                        "SELECT 1, 20000000 + i, 'at site' FROM generate_series(1, 400) i")
     wait_until(lambda: e.cloud_sql("SELECT reltuples FROM pg_class WHERE oid = 'documents_o1_1'::regclass")
                [0][0] == 701, 15 * SLOW, what="the scheduled ANALYZE")
-    assert "analyzed" in e.b.log()
+    wait_until(lambda: "analyze_interval: analyzed 2 foreign partitions" in e.b.log(), 5 * SLOW,
+               what="the scheduled ANALYZE's log line")
     assert e.ok("ANALYZE SITES") == [{"foreign_partitions": "2"}]
 
     # round trips that reach the site per operation of a moved organization,
