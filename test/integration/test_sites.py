@@ -426,6 +426,16 @@ def test_a_failed_move_leaves_the_org_in_the_cloud(env):
     app.execute("INSERT INTO documents (organization_id, title) VALUES (1, 'after the failure')")
     assert reads(app, 1)[0][:-1] == before[0]
 
+    # a table of that name with rows at the site: the site's error, nothing left behind
+    e.site_sql("acme", "CREATE TABLE public.documents (x int)")
+    e.site_sql("acme", "INSERT INTO public.documents VALUES (1)")
+    e.site_sql("acme", "GRANT ALL ON public.documents TO PUBLIC")
+    msg = e.err("MOVE ORG 1 TO SITE acme OFFLINE", "42P07")
+    assert msg.startswith("MOVE ORG 1 TO SITE acme OFFLINE: at the site: relation public.documents already exists"), msg
+    assert e.org(1)["state"] == "cloud"
+    assert e.site_sql("acme", "SELECT to_regclass('public.versions')") == [(None,)]
+    e.site_sql("acme", "DROP TABLE public.documents")
+
     # now it goes through
     e.ok("MOVE ORG 1 TO SITE acme OFFLINE")
     assert e.org(1)["state"] == "moved"
