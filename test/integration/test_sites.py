@@ -218,8 +218,8 @@ class Writer:
     """Inserts documents of one organization through lokadb until stopped;
     every success is counted (its id kept), every error kept."""
 
-    def __init__(self, env, org):
-        self.env, self.org = env, org
+    def __init__(self, env, org, prepare=False):
+        self.env, self.org, self.prepare = env, org, prepare
         self.ids, self.errors = [], []
         self.stop = threading.Event()
         self.t = threading.Thread(target=self._run, daemon=True)
@@ -236,7 +236,7 @@ class Writer:
             i += 1
             try:
                 (doc,) = c.execute("INSERT INTO documents (organization_id, title) VALUES (%s, %s) RETURNING id",
-                                   (self.org, f"w{i}")).fetchone()
+                                   (self.org, f"w{i}"), prepare=self.prepare).fetchone()
                 self.ids.append(doc)
             except Exception as e:  # noqa: BLE001 -- any error fails the test
                 self.errors.append(repr(e))
@@ -278,11 +278,15 @@ def test_move_two_orgs_offline_to_two_sites(env):
 
     # org 1 moves while a writer keeps inserting: its inserts wait, none fails, all land at the site
     w = Writer(e, 1)
+    wp = Writer(e, 1, prepare=True)        # a named prepared statement, planned before the move
     w.wait_more(20)
+    wp.wait_more(20)
     moved = e.ok("MOVE ORG 1 TO SITE acme OFFLINE")
     w.wait_more(20)
+    wp.wait_more(20)
     w.finish()
-    assert w.errors == []
+    wp.finish()
+    assert w.errors == [] and wp.errors == []
     assert moved[0]["org_id"] == "1" and moved[0]["site"] == "acme" and moved[0]["tables"] == "2"
     assert int(moved[0]["rows_moved"]) >= 300 + 600
     e.ok("MOVE ORG 2 TO SITE beta OFFLINE")
@@ -310,8 +314,8 @@ def test_move_two_orgs_offline_to_two_sites(env):
     with pytest.raises(psycopg.errors.CheckViolation):
         e.site_sql("acme", "INSERT INTO documents (organization_id, id, title) VALUES (2, -1, 'other org')")
     at_site = {r[0] for r in e.site_sql("acme", "SELECT id FROM documents")}
-    assert set(w.ids) <= at_site
-    assert len(at_site) == 300 + len(w.ids)
+    assert set(w.ids) <= at_site and set(wp.ids) <= at_site
+    assert len(at_site) == 300 + len(w.ids) + len(wp.ids)
     assert e.site_sql("beta", "SELECT count(*) FROM documents") == [(300,)]
     assert {r["name"]: r["orgs"] for r in e.ok("SHOW SITES")} == {"acme": "1", "beta": "2"}
 
