@@ -2,7 +2,10 @@
 /*
  * move -- the LokaDB catalog administration commands (issue 4, first part of
  * the move plugin): INSTALL, ADD ORG, ENABLE TABLE, DISABLE TABLE,
- * ISOLATE ORG, SHOW TABLES, SHOW ORGS on the lokadb console.
+ * ISOLATE ORG, SHOW TABLES, SHOW ORGS on the lokadb console; and sites
+ * (doc/sites.md): CREATE SITE, DROP SITE, SHOW SITES, MOVE ORG ... OFFLINE,
+ * ANALYZE SITES, and the ANALYZE schedule of foreign partitions
+ * (analyze_interval).
  *
  * Every command is asynchronous: it opens its own connection to the cloud
  * database ([plugin.move] cloud) with api->pg_connect, runs a short chain of
@@ -13,10 +16,18 @@
  * between their phases and retry lock timeouts, so nothing here ever blocks
  * the loop, and a long ISOLATE ORG holds only its own connection.
  *
+ * MOVE ORG's job has a second connection, to the site database, opened
+ * from the site's foreign server and user mapping (through this lokadb's
+ * listener and the relay, the path postgres_fdw takes): it creates the
+ * organization's tables there, and after a failure that left the
+ * organization in the cloud, drops them again (when empty).
+ *
  * This file owns: the settings, the SQL text INSTALL runs, the set of busy
  * tables (a command that touches a table another running command holds gets
  * 55006 at once; across lokadb processes the procedures' advisory locks do
- * the same), and the job machinery (move.h). move_cmd.c has the commands.
+ * the same), the job machinery (move.h) with the site connection, and the
+ * ANALYZE timer (one run at a time, on a connection of its own). move_cmd.c
+ * has the commands.
  *
  * Invariants: a job calls result_done exactly once (job_finish); a busy key
  * belongs to exactly one running job; CONFIG_CHECK changes nothing and
