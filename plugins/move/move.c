@@ -326,6 +326,16 @@ static void analyze_checked(lk_plugin *self, lk_pg *pg, PGresult *r, void *arg)
 	}
 }
 
+/* WARNINGs of lokadb.analyze_sites() (a site that cannot be reached) go to the log. */
+static void analyze_notice(void *arg, const PGresult *r)
+{
+	const char *msg = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
+
+	(void)arg;
+	if (msg)
+		api->log(M->self, LK_LOG_WARNING, "analyze_interval: %s", msg);
+}
+
 static void analyze_connected(lk_plugin *self, lk_pg *pg, int ok, const char *err, void *arg)
 {
 	(void)arg;
@@ -335,6 +345,7 @@ static void analyze_connected(lk_plugin *self, lk_pg *pg, int ok, const char *er
 		analyze_end();
 		return;
 	}
+	PQsetNoticeReceiver(api->pg_conn(pg), analyze_notice, NULL);
 	if (api->pg_query(pg, "SELECT to_regprocedure('lokadb.analyze_sites(text)') IS NOT NULL", 0, NULL,
 			  analyze_checked, NULL) != 0)
 		analyze_end();

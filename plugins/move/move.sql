@@ -1615,18 +1615,24 @@ BEGIN
 END $$;
 
 -- ANALYZE the foreign partitions of the moved organizations (autovacuum never
--- does); of one organization when p_org is given. Returns how many.
+-- does); of one organization when p_org is given. A site that cannot be
+-- reached gets a WARNING and the others are still analyzed. Returns how many
+-- were analyzed.
 CREATE OR REPLACE FUNCTION lokadb.analyze_sites(p_org text DEFAULT NULL) RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
 	r record;
 	n integer := 0;
 BEGIN
-	FOR r IN SELECT c.oid FROM lokadb.partitions p JOIN lokadb.orgs o ON o.id = p.org_id
+	FOR r IN SELECT c.oid, o.site FROM lokadb.partitions p JOIN lokadb.orgs o ON o.id = p.org_id
 		 JOIN pg_namespace ns ON ns.nspname = p.schema_name
 		 JOIN pg_class c ON c.relnamespace = ns.oid AND c.relname = p.leaf
 		 WHERE c.relkind = 'f' AND (p_org IS NULL OR p.org_id = p_org) ORDER BY 1 LOOP
-		EXECUTE format('ANALYZE %s', lokadb._q(r.oid));
-		n := n + 1;
+		BEGIN
+			EXECUTE format('ANALYZE %s', lokadb._q(r.oid));
+			n := n + 1;
+		EXCEPTION WHEN OTHERS THEN
+			RAISE WARNING 'could not analyze % (site "%"): %', lokadb._q(r.oid), r.site, SQLERRM;
+		END;
 	END LOOP;
 	RETURN n;
 END $$;

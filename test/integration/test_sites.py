@@ -398,6 +398,10 @@ def test_move_two_orgs_offline_to_two_sites(env):
     c2.execute("INSERT INTO documents (organization_id, title) VALUES (3, 'cloud still')")
     c2.execute("INSERT INTO documents (organization_id, title) VALUES (2, 'beta still')")
     assert e.site_sql("beta", "SELECT count(*) FROM documents WHERE title = 'beta still'") == [(1,)]
+    # ANALYZE SITES analyzes the sites it reaches, and warns of the other
+    res = e.console("ANALYZE SITES")
+    assert res.error is None and res.rows == [["2"]], res.error
+    assert 'could not analyze public.documents_o1_1 (site "acme")' in e.b.log()
 
 
 def test_a_failed_move_leaves_the_org_in_the_cloud(env):
