@@ -2,7 +2,10 @@
 /*
  * move -- the LokaDB catalog administration commands (issue 4, first part of
  * the move plugin): INSTALL, ADD ORG, ENABLE TABLE, DISABLE TABLE,
- * ISOLATE ORG, SHOW TABLES, SHOW ORGS on the lokadb console.
+ * ISOLATE ORG, SHOW TABLES, SHOW ORGS on the lokadb console; and sites
+ * (doc/sites.md): CREATE SITE, DROP SITE, SHOW SITES, MOVE ORG ... OFFLINE,
+ * ANALYZE SITES, and the ANALYZE schedule of foreign partitions
+ * (analyze_interval).
  *
  * Every command is asynchronous: it opens its own connection to the cloud
  * database ([plugin.move] cloud) with api->pg_connect, runs a short chain of
@@ -13,10 +16,18 @@
  * between their phases and retry lock timeouts, so nothing here ever blocks
  * the loop, and a long ISOLATE ORG holds only its own connection.
  *
+ * MOVE ORG's job has a second connection, to the site database, opened
+ * from the site's foreign server and user mapping (through this lokadb's
+ * listener and the relay, the path postgres_fdw takes): it creates the
+ * organization's tables there, and after a failure that left the
+ * organization in the cloud, drops them again (when empty).
+ *
  * This file owns: the settings, the SQL text INSTALL runs, the set of busy
  * tables (a command that touches a table another running command holds gets
  * 55006 at once; across lokadb processes the procedures' advisory locks do
- * the same), and the job machinery (move.h). move_cmd.c has the commands.
+ * the same), the job machinery (move.h) with the site connection, and the
+ * ANALYZE timer (one run at a time, on a connection of its own). move_cmd.c
+ * has the commands.
  *
  * Invariants: a job calls result_done exactly once (job_finish); a busy key
  * belongs to exactly one running job; CONFIG_CHECK changes nothing and
@@ -55,6 +66,9 @@ struct move {
 	char *install_sql;		/* INSTALL_PREAMBLE + the SQL files */
 	char *install_why;		/* why install_sql is NULL */
 	struct move_job *jobs;		/* running commands */
+	uint64_t analyze_usec;		/* analyze_interval (0: off) */
+	lk_timer *analyze_timer;	/* the ANALYZE schedule of foreign partitions */
+	lk_pg *analyze_pg;		/* its connection while one runs */
 };
 
 static struct move *M;	/* the plugin's state, also set with api->set_data */
@@ -69,6 +83,7 @@ static const struct {
 	{ "sql_dir", "", "directory of catalog.sql and move.sql (empty: the directory of move.so)" },
 	{ "lock_timeout", "100ms", "how long each locking step waits for its locks before retrying (ms or s)" },
 	{ "lock_retries", "100", "attempts of a locking step before the command fails with 55P03" },
+	{ "analyze_interval", "1h", "ANALYZE the foreign partitions of moved organizations this often (0: never; also after each MOVE)" },
 };
 
 /* "250", "250ms", "2s" -> milliseconds, or -1. */
@@ -87,6 +102,29 @@ static long parse_ms(const char *v)
 		return n;
 	if (strcmp(end, "s") == 0 && n <= LONG_MAX / 1000)
 		return n * 1000;
+	return -1;
+}
+
+/* "0", "30s", "15min", "1h", "500ms" -> microseconds, or -1. */
+static long long parse_interval(const char *v)
+{
+	static const struct {
+		const char *unit;
+		long long usec;
+	} units[] = { { "", 1000000LL }, { "s", 1000000LL }, { "ms", 1000LL }, { "min", 60000000LL },
+		      { "h", 3600000000LL } };
+	char *end;
+	long long n;
+
+	if (!v || !*v)
+		return -1;
+	errno = 0;
+	n = strtoll(v, &end, 10);
+	if (errno || end == v || n < 0 || n > 1000000000LL)
+		return -1;
+	for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
+		if (strcmp(end, units[i].unit) == 0)
+			return n * units[i].usec;
 	return -1;
 }
 
@@ -213,6 +251,12 @@ static int on_config_check(lk_plugin *self, lk_event *ev)
 	if (n < 0 || n > 100000)
 		return api->config_error(ev, "lock_retries", "must be 0 to 100000, not \"%s\"",
 					 api->config_get(ev, "lock_retries"));
+	{
+		long long iv = parse_interval(api->config_get(ev, "analyze_interval"));
+		if (iv < 0 || (iv > 0 && iv < 100000))
+			return api->config_error(ev, "analyze_interval", "must be 0 (off) or 100ms to a few "
+						 "years (ms, s, min, h), not \"%s\"", api->config_get(ev, "analyze_interval"));
+	}
 	return check_sql_dir(ev);
 }
 
@@ -222,8 +266,12 @@ static void set_str(char **dst, const char *v)
 	*dst = strdup(v ? v : "");
 }
 
+static void analyze_tick(lk_plugin *self, void *arg);
+
 static int on_config_apply(lk_plugin *self, lk_event *ev)
 {
+	uint64_t iv = (uint64_t)parse_interval(api->config_get(ev, "analyze_interval"));
+
 	char *dir = sql_dir_of(api->config_get(ev, "sql_dir")), why[PATH_MAX + 128] = "out of memory";
 
 	set_str(&M->cloud, api->config_get(ev, "cloud"));
@@ -236,7 +284,80 @@ static int on_config_apply(lk_plugin *self, lk_event *ev)
 	if (!M->install_sql)
 		api->log(self, LK_LOG_WARNING, "INSTALL will fail: %s", why);
 	free(dir);
+	if (iv != M->analyze_usec || (iv && !M->analyze_timer)) {
+		api->timer_cancel(M->analyze_timer);
+		M->analyze_timer = NULL;
+		M->analyze_usec = iv;
+		if (iv && !(M->analyze_timer = api->timer_add(self, iv, 1, analyze_tick, NULL)))
+			api->log(self, LK_LOG_WARNING, "could not schedule the ANALYZE of foreign partitions");
+	}
 	return LK_CONTINUE;
+}
+
+/* ------------------------------------------------ scheduled ANALYZE -- */
+
+static void analyze_end(void)
+{
+	if (M->analyze_pg)
+		api->pg_close(M->analyze_pg);
+	M->analyze_pg = NULL;
+}
+
+static void analyze_done(lk_plugin *self, lk_pg *pg, PGresult *r, void *arg)
+{
+	(void)pg;
+	(void)arg;
+	if (r && PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
+		api->log(self, LK_LOG_INFO, "analyze_interval: analyzed %s foreign partitions", PQgetvalue(r, 0, 0));
+	else
+		api->log(self, LK_LOG_WARNING, "analyze_interval: ANALYZE of foreign partitions failed: %s",
+			 r ? PQresultErrorMessage(r) : "the connection to the cloud database broke");
+	analyze_end();
+}
+
+static void analyze_checked(lk_plugin *self, lk_pg *pg, PGresult *r, void *arg)
+{
+	(void)arg;
+	if (!r || PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1 || strcmp(PQgetvalue(r, 0, 0), "t") != 0 ||
+	    api->pg_query(pg, "SELECT lokadb.analyze_sites()", 0, NULL, analyze_done, NULL) != 0) {
+		if (r && PQresultStatus(r) != PGRES_TUPLES_OK)
+			api->log(self, LK_LOG_WARNING, "analyze_interval: %s", PQresultErrorMessage(r));
+		analyze_end();
+	}
+}
+
+/* WARNINGs of lokadb.analyze_sites() (a site that cannot be reached) go to the log. */
+static void analyze_notice(void *arg, const PGresult *r)
+{
+	const char *msg = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
+
+	(void)arg;
+	if (msg)
+		api->log(M->self, LK_LOG_WARNING, "analyze_interval: %s", msg);
+}
+
+static void analyze_connected(lk_plugin *self, lk_pg *pg, int ok, const char *err, void *arg)
+{
+	(void)arg;
+	if (!ok) {
+		api->log(self, LK_LOG_WARNING, "analyze_interval: could not connect to the cloud database: %s",
+			 err ? err : "unknown error");
+		analyze_end();
+		return;
+	}
+	PQsetNoticeReceiver(api->pg_conn(pg), analyze_notice, NULL);
+	if (api->pg_query(pg, "SELECT to_regprocedure('lokadb.analyze_sites(text)') IS NOT NULL", 0, NULL,
+			  analyze_checked, NULL) != 0)
+		analyze_end();
+}
+
+/* Every analyze_interval: one connection, ANALYZE of every foreign partition, closed. */
+static void analyze_tick(lk_plugin *self, void *arg)
+{
+	(void)arg;
+	if (M->analyze_pg || !M->cloud || !*M->cloud)
+		return;		/* the previous one is still running */
+	M->analyze_pg = api->pg_connect(self, M->cloud, analyze_connected, NULL);
 }
 
 const char *move_org_column(void)
@@ -301,6 +422,8 @@ static void job_free(struct move_job *j)
 	free(j->what);
 	free(j->err_state);
 	free(j->err_msg);
+	free(j->site_undo);
+	free(j->site_ddl);
 	free(j);
 }
 
@@ -315,6 +438,8 @@ void job_finish(struct move_job *j)
 		}
 	if (j->pg)
 		api->pg_close(j->pg);
+	if (j->site)
+		api->pg_close(j->site);
 	api->result_done(j->res);
 	job_free(j);
 }
@@ -327,15 +452,33 @@ static void job_end_with_error(struct move_job *j)
 	job_finish(j);
 }
 
-static void cleanup_done(lk_plugin *self, lk_pg *pg, PGresult *r, void *arg)
+static void site_undo_done(lk_plugin *self, lk_pg *pg, PGresult *r, void *arg)
 {
 	struct move_job *j = arg;
 
 	(void)self;
 	(void)pg;
 	if (!r || PQresultStatus(r) != PGRES_COMMAND_OK)
+		api->log(M->self, LK_LOG_WARNING, "%s: could not drop the site's tables: %s", j->what,
+			 r ? PQresultErrorMessage(r) : "the connection broke");
+	job_end_with_error(j);
+}
+
+static void cleanup_done(lk_plugin *self, lk_pg *pg, PGresult *r, void *arg)
+{
+	struct move_job *j = arg;
+	ExecStatusType st = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
+
+	(void)self;
+	(void)pg;
+	if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
 		api->log(M->self, LK_LOG_WARNING, "%s: cleanup failed: %s", j->what,
 			 r ? PQresultErrorMessage(r) : "the connection broke");
+	} else if (st == PGRES_TUPLES_OK && PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "t") == 0 &&
+		   j->site && j->site_made && j->site_undo &&
+		   api->pg_query(j->site, j->site_undo, 0, NULL, site_undo_done, j) == 0) {
+		return;		/* still in the cloud: the site's tables go */
+	}
 	job_end_with_error(j);
 }
 
@@ -355,7 +498,8 @@ void job_fail(struct move_job *j, const char *sqlstate, const char *fmt, ...)
 		job_finish(j);
 		return;
 	}
-	if (j->cmd->cleanup_sql && j->pg && strcmp(sqlstate, "08006") != 0 &&
+	/* 08006 of the cloud connection: no cleanup query can run there */
+	if (j->cmd->cleanup_sql && j->pg && (strcmp(sqlstate, "08006") != 0 || j->site_broken) &&
 	    api->pg_query(j->pg, j->cmd->cleanup_sql, 1, params, cleanup_done, j) == 0)
 		return;
 	job_end_with_error(j);
@@ -375,6 +519,95 @@ static void job_fail_pg(struct move_job *j, PGresult *r)
 	}
 	job_fail(j, st ? st : "XX000", "%s%s%s%s%s", prim ? prim : PQresultErrorMessage(r),
 		 det ? "\nDETAIL:  " : "", det ? det : "", hint ? "\nHINT:  " : "", hint ? hint : "");
+}
+
+/* ------------------------------------------------- the site connection -- */
+
+static void job_notice(void *arg, const PGresult *r);
+
+struct job_site_ctx {
+	struct move_job *j;
+	job_step_fn fn;
+};
+
+static void site_result(lk_plugin *self, lk_pg *pg, PGresult *r, void *arg)
+{
+	struct job_site_ctx q = *(struct job_site_ctx *)arg;
+	struct move_job *j = q.j;
+	ExecStatusType st = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
+	const char *prim, *sqlstate;
+
+	(void)self;
+	(void)pg;
+	free(arg);
+	if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) {
+		q.fn(j, r);
+		return;
+	}
+	if (!r) {
+		j->site_broken = 1;
+		job_fail(j, "08006", "%s: the connection to the site broke", j->what);
+		return;
+	}
+	prim = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
+	sqlstate = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+	job_fail(j, sqlstate ? sqlstate : "XX000", "%s: at the site: %s", j->what,
+		 prim ? prim : PQresultErrorMessage(r));
+}
+
+void job_site_query(struct move_job *j, const char *sql, job_step_fn fn)
+{
+	struct job_site_ctx *q = malloc(sizeof(*q));
+
+	if (!q) {
+		job_fail(j, "53200", "out of memory");
+		return;
+	}
+	q->j = j;
+	q->fn = fn;
+	if (api->pg_query(j->site, sql, 0, NULL, site_result, q) != 0) {
+		free(q);
+		j->site_broken = 1;
+		job_fail(j, "08006", "%s: the connection to the site broke", j->what);
+	}
+}
+
+static void site_state(lk_plugin *self, lk_pg *pg, int ok, const char *err, void *arg)
+{
+	struct move_job *j = arg;
+	job_step_fn fn;
+
+	(void)self;
+	(void)pg;
+	if (!j->site_connecting)
+		return;		/* a break later: the pending query's callback reports it */
+	j->site_connecting = 0;
+	if (!ok) {
+		char msg[512];
+
+		snprintf(msg, sizeof(msg), "%s", err ? err : "unknown error");
+		for (size_t n = strlen(msg); n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == ' '); n--)
+			msg[n - 1] = 0;
+		job_fail(j, "08001", "%s: could not connect to the site database: %s", j->what, msg);
+		return;
+	}
+	PQsetNoticeReceiver(api->pg_conn(pg), job_notice, j);
+	fn = j->site_next;
+	j->site_next = NULL;
+	fn(j, NULL);
+}
+
+int job_site_connect(struct move_job *j, const char *conninfo, job_step_fn connected)
+{
+	j->site_connecting = 1;
+	j->site_next = connected;
+	j->site = api->pg_connect(M->self, conninfo, site_state, j);
+	if (!j->site) {
+		j->site_connecting = 0;
+		job_fail(j, "08001", "%s: could not start a connection to the site database", j->what);
+		return -1;
+	}
+	return 0;
 }
 
 struct job_query_ctx {
@@ -499,8 +732,15 @@ CMD_ENTRY(3)
 CMD_ENTRY(4)
 CMD_ENTRY(5)
 CMD_ENTRY(6)
+CMD_ENTRY(7)
+CMD_ENTRY(8)
+CMD_ENTRY(9)
+CMD_ENTRY(10)
+CMD_ENTRY(11)
+CMD_ENTRY(12)
 static const lk_console_fn cmd_entries[] = {
 	cmd_entry_0, cmd_entry_1, cmd_entry_2, cmd_entry_3, cmd_entry_4, cmd_entry_5, cmd_entry_6,
+	cmd_entry_7, cmd_entry_8, cmd_entry_9, cmd_entry_10, cmd_entry_11, cmd_entry_12,
 };
 
 /* ------------------------------------------------------------- init -- */
@@ -549,6 +789,7 @@ static void move_fini(lk_plugin *self)
 		job_free(j);
 	}
 	if (M) {
+		/* the core frees the timers and connections at exit */
 		free(M->cloud);
 		free(M->org_column);
 		free(M->install_sql);

@@ -21,7 +21,7 @@
 
 #include <libpq-fe.h>
 
-#define MOVE_MAX_ARGS 2
+#define MOVE_MAX_ARGS 6	/* CREATE SITE: name, database, host, port, user, password */
 #define MOVE_MAX_BUSY 64	/* busy keys one job may hold (ISOLATE ORG: every LokaDB table) */
 
 struct move_job;
@@ -39,6 +39,15 @@ struct move_job {
 	int nbusy;
 	char *what;			/* "ENABLE TABLE documents": for messages and logs */
 	char *err_state, *err_msg;	/* the error to end with after the cleanup query */
+	/* MOVE ORG: the connection to the site database (through lokadb's
+	 * listener, like postgres_fdw), and what undoes the site's part */
+	lk_pg *site;
+	int site_connecting;		/* 1 until the site connection is up */
+	int site_made;			/* 1 once the site's tables were created */
+	int site_broken;		/* 1: the site connection broke (the cloud one may be fine) */
+	char *site_undo;		/* SQL that drops the site's (empty) tables */
+	char *site_ddl;			/* SQL that creates them */
+	job_step_fn site_next;		/* what to call once the site connection is up */
 	struct move_job *next;		/* the plugin's list of running jobs */
 };
 
@@ -76,6 +85,11 @@ int job_take(struct move_job *j, const char *key);
 const char *move_org_column(void);
 int move_lock_timeout_ms(void);
 int move_lock_retries(void);
+/* Open the job's connection to a site (MOVE ORG); 0, or -1 after failing the job. */
+int job_site_connect(struct move_job *j, const char *conninfo, job_step_fn connected);
+/* Queue `sql` on the site connection; `fn` gets its result if it succeeded
+ * (an error fails the job with the site's message). */
+void job_site_query(struct move_job *j, const char *sql, job_step_fn fn);
 /* The text INSTALL runs (NULL if the SQL files could not be read; *why says why). */
 const char *move_install_sql(const char **why);
 

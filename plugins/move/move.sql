@@ -1252,6 +1252,431 @@ LANGUAGE sql STABLE AS $$
 	ORDER BY o.id
 $$;
 
+-- ====================================================================
+-- sites: CREATE SITE, DROP SITE, SHOW SITES, MOVE ORG ... OFFLINE
+-- ====================================================================
+--
+-- A site is a PostgreSQL database outside the cloud, reached through the
+-- relay: the cloud lokadb has a [databases] entry per site (transport=tunnel),
+-- and the site's postgres_fdw server in the cloud database points at that
+-- lokadb listener. A site serves one organization at a time: its tables
+-- have the cloud tables' names (so the organization's database looks like
+-- the application's), and a foreign table shows every row of its remote
+-- table.
+
+-- the postgres_fdw server of a site
+CREATE OR REPLACE FUNCTION lokadb._site_server(p_site text) RETURNS text LANGUAGE sql IMMUTABLE AS $$
+	SELECT lokadb._name('lokadb_site_', p_site)
+$$;
+
+-- a libpq conninfo value, quoted
+CREATE OR REPLACE FUNCTION lokadb._ci(v text) RETURNS text LANGUAGE sql IMMUTABLE AS $$
+	SELECT '''' || replace(replace(v, '\', '\\'), '''', '\''') || ''''
+$$;
+
+-- an option of a foreign server or user mapping (options text[] of key=value)
+CREATE OR REPLACE FUNCTION lokadb._opt(opts text[], key text) RETURNS text LANGUAGE sql IMMUTABLE AS $$
+	SELECT substr(o, length(key) + 2) FROM unnest(opts) o WHERE o LIKE key || '=%' LIMIT 1
+$$;
+
+CREATE OR REPLACE FUNCTION lokadb.create_site(p_name text, p_database text, p_host text, p_port text,
+	p_user text, p_password text, OUT site text, OUT server text, OUT host text, OUT port integer,
+	OUT dbname text, OUT "user" text)
+LANGUAGE plpgsql AS $$
+DECLARE
+	su boolean;
+	opts text;
+BEGIN
+	IF p_name IS NULL OR p_name !~ '^[A-Za-z0-9_]{1,40}$' THEN
+		RAISE EXCEPTION 'invalid site name "%"', p_name USING ERRCODE = 'invalid_name',
+			HINT = 'A site name is 1 to 40 letters, digits or underscores.';
+	END IF;
+	IF p_database IS NULL OR p_database = '' THEN
+		RAISE EXCEPTION 'CREATE SITE needs DATABASE: the lokadb [databases] entry that reaches the site'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF p_port !~ '^[0-9]{1,5}$' OR p_port::integer NOT BETWEEN 1 AND 65535 THEN
+		RAISE EXCEPTION 'invalid PORT "%"', p_port USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF EXISTS (SELECT 1 FROM lokadb.sites s WHERE s.name = p_name) THEN
+		RAISE EXCEPTION 'site "%" already exists', p_name USING ERRCODE = 'duplicate_object';
+	END IF;
+	server := lokadb._site_server(p_name);
+	IF EXISTS (SELECT 1 FROM pg_foreign_server WHERE srvname = server) THEN
+		RAISE EXCEPTION 'foreign server "%" already exists', server USING ERRCODE = 'duplicate_object',
+			HINT = 'Drop it (DROP SERVER ... CASCADE) or choose another site name.';
+	END IF;
+	CREATE EXTENSION IF NOT EXISTS postgres_fdw;
+	EXECUTE format('CREATE SERVER %I FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host %L, port %L, dbname %L, '
+		       'fetch_size %L, batch_size %L, truncatable %L, connect_timeout %L, application_name %L)',
+		       server, p_host, p_port, p_database, '1000', '100', 'false', '10', 'lokadb_fdw_' || p_name);
+	SELECT rolsuper INTO su FROM pg_roles WHERE rolname = current_user;
+	opts := format('user %L', coalesce(nullif(p_user, ''), current_user));
+	IF p_password IS NOT NULL THEN
+		opts := opts || format(', password %L', p_password);
+	END IF;
+	IF su THEN	-- lokadb's listener may not ask for a password (auth_type trust, hba)
+		opts := opts || ', password_required ''false''';
+	END IF;
+	EXECUTE format('CREATE USER MAPPING FOR PUBLIC SERVER %I OPTIONS (%s)', server, opts);
+	INSERT INTO lokadb.sites (name, relay_key) VALUES (p_name, p_database);
+	site := p_name;
+	host := p_host;
+	port := p_port::integer;
+	dbname := p_database;
+	"user" := coalesce(nullif(p_user, ''), current_user);
+END $$;
+
+CREATE OR REPLACE FUNCTION lokadb.drop_site(p_name text, OUT site text) LANGUAGE plpgsql AS $$
+DECLARE
+	used text;
+BEGIN
+	IF NOT EXISTS (SELECT 1 FROM lokadb.sites s WHERE s.name = p_name) THEN
+		RAISE EXCEPTION 'site "%" does not exist', p_name USING ERRCODE = 'undefined_object';
+	END IF;
+	SELECT string_agg(format('"%s" (%s)', o.id, o.state), ', ' ORDER BY o.id) INTO used
+	  FROM lokadb.orgs o WHERE o.site = p_name;
+	IF used IS NOT NULL THEN
+		RAISE EXCEPTION 'site "%" is in use by organization %', p_name, used USING ERRCODE = 'object_in_use',
+			HINT = 'A site can be dropped once no organization lives there.';
+	END IF;
+	IF EXISTS (SELECT 1 FROM pg_foreign_server WHERE srvname = lokadb._site_server(p_name)) THEN
+		EXECUTE format('DROP SERVER %I CASCADE', lokadb._site_server(p_name));
+	END IF;
+	DELETE FROM lokadb.sites s WHERE s.name = p_name;
+	site := p_name;
+END $$;
+
+CREATE OR REPLACE FUNCTION lokadb.show_sites() RETURNS TABLE (name text, database text, host text, port integer,
+	"user" text, server text, orgs text, created_at timestamptz)
+LANGUAGE sql STABLE AS $$
+	SELECT s.name, s.relay_key, lokadb._opt(f.srvoptions, 'host'), lokadb._opt(f.srvoptions, 'port')::integer,
+	       lokadb._opt(u.umoptions, 'user'), f.srvname,
+	       (SELECT string_agg(o.id, ',' ORDER BY o.id) FROM lokadb.orgs o WHERE o.site = s.name),
+	       s.created_at
+	FROM lokadb.sites s
+	LEFT JOIN pg_foreign_server f ON f.srvname = lokadb._site_server(s.name)
+	LEFT JOIN pg_user_mappings u ON u.srvid = f.oid AND u.umuser = 0
+	ORDER BY s.name
+$$;
+
+-- The libpq conninfo of a site, from its foreign server and user mapping:
+-- what the plugin uses to create the organization's tables there, the same
+-- path postgres_fdw takes.
+CREATE OR REPLACE FUNCTION lokadb._site_conninfo(p_site text) RETURNS text LANGUAGE plpgsql STABLE AS $$
+DECLARE
+	srv text[];
+	um text[];
+	ci text := '';
+	k text;
+BEGIN
+	SELECT f.srvoptions INTO srv FROM pg_foreign_server f WHERE f.srvname = lokadb._site_server(p_site);
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'site "%" has no foreign server %', p_site, lokadb._site_server(p_site)
+			USING ERRCODE = 'undefined_object', HINT = 'DROP SITE and CREATE SITE it again.';
+	END IF;
+	SELECT m.umoptions INTO um FROM pg_user_mapping m JOIN pg_foreign_server f ON f.oid = m.umserver
+	 WHERE f.srvname = lokadb._site_server(p_site) AND m.umuser = 0;
+	FOREACH k IN ARRAY ARRAY['host', 'port', 'dbname', 'connect_timeout'] LOOP
+		IF lokadb._opt(srv, k) IS NOT NULL THEN
+			ci := ci || k || '=' || lokadb._ci(lokadb._opt(srv, k)) || ' ';
+		END IF;
+	END LOOP;
+	FOREACH k IN ARRAY ARRAY['user', 'password'] LOOP
+		IF lokadb._opt(um, k) IS NOT NULL THEN
+			ci := ci || k || '=' || lokadb._ci(lokadb._opt(um, k)) || ' ';
+		END IF;
+	END LOOP;
+	RETURN ci || 'application_name=' || lokadb._ci('lokadb_move_' || p_site);
+END $$;
+
+-- The DDL that creates the tables of an organization at a site, from the
+-- cloud definitions of its leaf partitions: columns (types, NOT NULL,
+-- collations, defaults except those drawing from cloud sequences: ids come
+-- from the cloud, where the parent's defaults apply before routing; generated
+-- columns), CHECK constraints (among them the organization's own), primary
+-- key, unique constraints and the other indexes of the leaf. A table of that
+-- name already at the site is dropped when empty (left by a failed move), else
+-- the move fails.
+CREATE OR REPLACE FUNCTION lokadb._site_ddl(p_org text) RETURNS text LANGUAGE plpgsql STABLE AS $$
+DECLARE
+	t record;
+	x record;
+	lrel oid;
+	qt text;
+	cols text;
+	ddl text := 'SET client_min_messages = warning;' || E'\n';
+	k record;
+BEGIN
+	FOR t IN SELECT * FROM lokadb.tables ORDER BY schema_name, table_name LOOP
+		x := lokadb._iso_names(to_regclass(format('%I.%I', t.schema_name, t.table_name)), p_org);
+		lrel := to_regclass(format('%I.%I', t.schema_name, x.leaf));
+		qt := format('%I.%I', t.schema_name, t.table_name);
+		SELECT string_agg(format('%I %s%s%s%s', a.attname, format_type(a.atttypid, a.atttypmod),
+				CASE WHEN a.attcollation <> 0 AND a.attcollation <> ty.typcollation
+				     THEN ' COLLATE ' || (SELECT format('%I.%I', cn.nspname, co.collname) FROM pg_collation co
+							  JOIN pg_namespace cn ON cn.oid = co.collnamespace WHERE co.oid = a.attcollation)
+				     ELSE '' END,
+				CASE WHEN a.attnotnull THEN ' NOT NULL' ELSE '' END,
+				CASE WHEN a.attgenerated = 's' THEN ' GENERATED ALWAYS AS (' || pg_get_expr(d.adbin, d.adrelid) || ') STORED'
+				     WHEN d.adbin IS NOT NULL AND pg_get_expr(d.adbin, d.adrelid) !~ 'nextval\('
+				     THEN ' DEFAULT ' || pg_get_expr(d.adbin, d.adrelid) ELSE '' END), ', ' ORDER BY a.attnum)
+		  INTO cols
+		  FROM pg_attribute a JOIN pg_type ty ON ty.oid = a.atttypid
+		  LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+		 WHERE a.attrelid = lrel AND a.attnum > 0 AND NOT a.attisdropped;
+		ddl := ddl || format(E'DO $lokadb$ BEGIN\n  IF to_regclass(%L) IS NOT NULL THEN\n'
+			'    IF EXISTS (SELECT 1 FROM %s) THEN\n'
+			'      RAISE EXCEPTION %L USING ERRCODE = ''duplicate_table'';\n'
+			'    END IF;\n    DROP TABLE %s;\n  END IF;\nEND $lokadb$;\n',
+			qt, qt, format('relation %s already exists at the site and is not empty', qt), qt);
+		-- (CREATE SCHEMA IF NOT EXISTS would need CREATE on the database)
+		ddl := ddl || format(E'DO $lokadb$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %L) THEN '
+			'CREATE SCHEMA %I; END IF; END $lokadb$;\nCREATE TABLE %s (%s);\n', t.schema_name, t.schema_name, qt, cols);
+		FOR k IN SELECT c.conname, lokadb._def('constraint', c.oid) AS def FROM pg_constraint c
+			 WHERE c.conrelid = lrel AND c.contype IN ('c', 'p', 'u') ORDER BY c.contype <> 'p', c.conname LOOP
+			ddl := ddl || format(E'ALTER TABLE %s ADD %s%s;\n', qt,
+				CASE WHEN k.def LIKE 'CHECK%' THEN format('CONSTRAINT %I ', k.conname) ELSE '' END, k.def);
+		END LOOP;
+		FOR k IN SELECT lokadb._def('index', i.indexrelid) AS def FROM pg_index i
+			 WHERE i.indrelid = lrel AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid
+								 AND c.conrelid = lrel)
+			 ORDER BY i.indexrelid LOOP
+			ddl := ddl || regexp_replace(k.def, '^CREATE (UNIQUE )?INDEX \S+ ON \S+ USING ',
+						     'CREATE \1INDEX ON ' || replace(qt, '\', '\\') || ' USING ') || E';\n';
+		END LOOP;
+	END LOOP;
+	RETURN ddl;
+END $$;
+
+-- What cleans the site after a failed move: its tables, when empty.
+CREATE OR REPLACE FUNCTION lokadb._site_undo(p_org text) RETURNS text LANGUAGE sql STABLE AS $$
+	SELECT 'SET client_min_messages = warning;' || E'\n' || string_agg(format(
+		E'DO $lokadb$ BEGIN IF to_regclass(%L) IS NOT NULL AND NOT EXISTS (SELECT 1 FROM %s) THEN DROP TABLE %s; END IF; END $lokadb$;\n',
+		format('%I.%I', t.schema_name, t.table_name), format('%I.%I', t.schema_name, t.table_name),
+		format('%I.%I', t.schema_name, t.table_name)), '')
+	FROM lokadb.tables t
+$$;
+
+-- MOVE, step 1: checks, the organization marked 'moving', and what the plugin
+-- runs at the site. Holds the organization's advisory lock (session) until the
+-- plugin's connection closes.
+CREATE OR REPLACE FUNCTION lokadb.move_prepare(p_org text, p_site text, OUT conninfo text, OUT site_ddl text,
+	OUT site_undo text)
+LANGUAGE plpgsql AS $$
+DECLARE
+	o lokadb.orgs;
+	other text;
+	missing text;
+BEGIN
+	SELECT * INTO o FROM lokadb.orgs WHERE id = p_org;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'organization "%" does not exist', p_org USING ERRCODE = 'undefined_object';
+	END IF;
+	IF NOT EXISTS (SELECT 1 FROM lokadb.sites WHERE name = p_site) THEN
+		RAISE EXCEPTION 'site "%" does not exist', p_site USING ERRCODE = 'undefined_object',
+			HINT = 'Create it with CREATE SITE.';
+	END IF;
+	IF o.state = 'moved' THEN
+		RAISE EXCEPTION 'organization "%" is already moved (to site "%")', p_org, o.site
+			USING ERRCODE = 'object_not_in_prerequisite_state';
+	END IF;
+	IF o.state NOT IN ('cloud', 'moving') THEN
+		RAISE EXCEPTION 'organization "%" is %', p_org, o.state USING ERRCODE = 'object_not_in_prerequisite_state';
+	END IF;
+	IF NOT EXISTS (SELECT 1 FROM lokadb.tables) THEN
+		RAISE EXCEPTION 'there is no LokaDB table to move' USING ERRCODE = 'object_not_in_prerequisite_state',
+			HINT = 'ENABLE TABLE the tables of the organizations first.';
+	END IF;
+	SELECT string_agg(format('%I.%I', t.schema_name, t.table_name), ', ') INTO missing FROM lokadb.tables t
+	 WHERE NOT EXISTS (SELECT 1 FROM lokadb.partitions p WHERE p.schema_name = t.schema_name
+			   AND p.table_name = t.table_name AND p.org_id = p_org);
+	IF missing IS NOT NULL THEN
+		RAISE EXCEPTION 'organization "%" has no partition of its own in %', p_org, missing
+			USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'Run ISOLATE ORG first.';
+	END IF;
+	SELECT string_agg(format('"%s"', id), ', ') INTO other FROM lokadb.orgs
+	 WHERE site = p_site AND id <> p_org;
+	IF other IS NOT NULL THEN
+		RAISE EXCEPTION 'site "%" already serves organization %', p_site, other USING ERRCODE = 'object_in_use',
+			HINT = 'A site serves one organization: create another site for this one.';
+	END IF;
+	PERFORM lokadb._org_busy(p_org);
+	conninfo := lokadb._site_conninfo(p_site);
+	site_ddl := lokadb._site_ddl(p_org);
+	site_undo := lokadb._site_undo(p_org);
+	UPDATE lokadb.orgs SET state = 'moving', updated_at = now() WHERE id = p_org AND state <> 'moving';
+END $$;
+
+-- MOVE, the switch: one transaction (the caller retries it on lock timeouts).
+-- Returns the rows copied.
+CREATE OR REPLACE FUNCTION lokadb._move_switch(p_org text, p_site text, p_lock_timeout_ms integer) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+	t record;
+	x record;
+	rel oid;
+	qc text;
+	ql text;
+	qold text;
+	qt text;
+	oldname text;
+	owner name;
+	su boolean;
+	n bigint;
+	total bigint := 0;
+	c_cloud bigint;
+	c_site bigint;
+	c_other bigint;
+	k record;
+	def text;
+	prefix text;
+	srv text := lokadb._site_server(p_site);
+BEGIN
+	SELECT rolsuper INTO su FROM pg_roles WHERE rolname = current_user;
+	PERFORM set_config('lock_timeout', p_lock_timeout_ms || 'ms', true);
+	-- the organization's writers (addressed to the leaf, or routed through the
+	-- container) wait from here to COMMIT; readers wait at the DETACH
+	FOR t IN SELECT * FROM lokadb.tables ORDER BY schema_name, table_name LOOP
+		x := lokadb._iso_names(to_regclass(format('%I.%I', t.schema_name, t.table_name)), p_org);
+		EXECUTE format('LOCK TABLE %I.%I, %I.%I IN ACCESS EXCLUSIVE MODE', t.schema_name, x.container,
+			       t.schema_name, x.leaf);
+	END LOOP;
+	PERFORM set_config('lock_timeout', '0', true);
+	-- our copy is no application write: LokaDB's checks and (superuser) the
+	-- application's triggers do not fire for it
+	PERFORM set_config('lokadb.mover', 'on', true);
+	IF su THEN
+		PERFORM set_config('session_replication_role', 'replica', true);
+	END IF;
+	PERFORM set_config('constraint_exclusion', 'on', true);
+	FOR t IN SELECT * FROM lokadb.tables ORDER BY schema_name, table_name LOOP
+		rel := to_regclass(format('%I.%I', t.schema_name, t.table_name));
+		x := lokadb._iso_names(rel, p_org);
+		qc := format('%I.%I', t.schema_name, x.container);
+		ql := format('%I.%I', t.schema_name, x.leaf);
+		qt := format('%I.%I', t.schema_name, t.table_name);
+		IF (SELECT relkind FROM pg_class WHERE oid = to_regclass(ql)) <> 'r' THEN
+			RAISE EXCEPTION '% is not a plain table', ql USING ERRCODE = 'wrong_object_type';
+		END IF;
+		SELECT pg_get_userbyid(relowner) INTO owner FROM pg_class WHERE oid = to_regclass(ql);
+		oldname := lokadb._name(x.leaf, '_lokadb_old');
+		qold := format('%I.%I', t.schema_name, oldname);
+		EXECUTE format('ALTER TABLE %s DETACH PARTITION %s', qc, ql);
+		EXECUTE format('ALTER TABLE %s RENAME TO %I', ql, oldname);
+		-- the foreign table takes the leaf's name: statements addressed to the
+		-- leaf (org_routing), also those waiting on its lock now, reach the site
+		EXECUTE format('CREATE FOREIGN TABLE %s PARTITION OF %s FOR VALUES IN (%s) SERVER %I '
+			       'OPTIONS (schema_name %L, table_name %L)', ql, qc, x.lit, srv, t.schema_name, t.table_name);
+		EXECUTE format('ALTER FOREIGN TABLE %s OWNER TO %I', ql, owner);
+		PERFORM lokadb._copy_acl(to_regclass(qold), to_regclass(ql));
+		-- the application's own row triggers on the leaf (the cloned ones come from the parent)
+		FOR k IN SELECT tgname, lokadb._def('trigger', oid) AS def FROM pg_trigger
+			 WHERE tgrelid = to_regclass(qold) AND NOT tgisinternal AND tgparentid = 0
+			   AND tgname NOT LIKE 'lokadb\_%' LOOP
+			prefix := ' ON ' || qold || ' ';
+			IF position(prefix IN k.def) = 0 THEN
+				RAISE WARNING 'trigger % on % not copied to %: unexpected definition', k.tgname, qold, ql;
+				CONTINUE;
+			END IF;
+			def := overlay(k.def PLACING ' ON ' || ql || ' ' FROM position(prefix IN k.def) FOR length(prefix));
+			EXECUTE def;
+		END LOOP;
+		EXECUTE format('INSERT INTO %s (%s) SELECT %s FROM %s', ql, lokadb._ins_cols(to_regclass(qold)),
+			       lokadb._ins_cols(to_regclass(qold)), qold);
+		GET DIAGNOSTICS n = ROW_COUNT;
+		-- verify: every row is at the site, and none of another organization
+		EXECUTE format('SELECT count(*) FROM %s', qold) INTO c_cloud;
+		EXECUTE format('SELECT count(*) FROM %s', ql) INTO c_site;
+		EXECUTE format('SELECT count(*) FROM %s WHERE %I IS DISTINCT FROM %s', ql, x.col, x.lit) INTO c_other;
+		IF c_site <> c_cloud OR n <> c_cloud OR c_other <> 0 THEN
+			RAISE EXCEPTION 'verification failed for %: % rows in the cloud, % copied, % at the site, % of another organization',
+				qt, c_cloud, n, c_site, c_other USING ERRCODE = 'data_corrupted';
+		END IF;
+		EXECUTE format('DROP TABLE %s', qold);
+		-- and none is left in the cloud: no plain partition of the table holds the organization
+		FOR k IN SELECT p.relid FROM pg_partition_tree(rel) p JOIN pg_class c ON c.oid = p.relid
+			 WHERE p.isleaf AND c.relkind = 'r' LOOP
+			EXECUTE format('SELECT count(*) FROM ONLY %s WHERE %I = %s', lokadb._q(k.relid), x.col, x.lit) INTO n;
+			IF n <> 0 THEN
+				RAISE EXCEPTION 'verification failed for %: % rows of organization "%" left in %', qt, n, p_org,
+					lokadb._q(k.relid) USING ERRCODE = 'data_corrupted';
+			END IF;
+		END LOOP;
+		RAISE NOTICE '%: % rows of organization "%" now at site "%"', qt, c_site, p_org, p_site;
+		total := total + c_site;
+	END LOOP;
+	UPDATE lokadb.orgs SET state = 'moved', site = p_site,
+	       profile = CASE WHEN (SELECT direct_conninfo FROM lokadb.sites WHERE name = p_site) IS NULL THEN 'fdw'
+			      ELSE 'fdw+direct' END,
+	       updated_at = now()
+	 WHERE id = p_org;
+	RETURN total;
+END $$;
+
+-- ANALYZE the foreign partitions of the moved organizations (autovacuum never
+-- does); of one organization when p_org is given. A site that cannot be
+-- reached gets a WARNING and the others are still analyzed. Returns how many
+-- were analyzed.
+CREATE OR REPLACE FUNCTION lokadb.analyze_sites(p_org text DEFAULT NULL) RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+	r record;
+	n integer := 0;
+BEGIN
+	FOR r IN SELECT c.oid, o.site FROM lokadb.partitions p JOIN lokadb.orgs o ON o.id = p.org_id
+		 JOIN pg_namespace ns ON ns.nspname = p.schema_name
+		 JOIN pg_class c ON c.relnamespace = ns.oid AND c.relname = p.leaf
+		 WHERE c.relkind = 'f' AND (p_org IS NULL OR p.org_id = p_org) ORDER BY 1 LOOP
+		BEGIN
+			EXECUTE format('ANALYZE %s', lokadb._q(r.oid));
+			n := n + 1;
+		EXCEPTION WHEN OTHERS THEN
+			RAISE WARNING 'could not analyze % (site "%"): %', lokadb._q(r.oid), r.site, SQLERRM;
+		END;
+	END LOOP;
+	RETURN n;
+END $$;
+
+CREATE OR REPLACE PROCEDURE lokadb.move_org(p_org text, p_site text, p_lock_timeout_ms integer DEFAULT 100,
+	p_retries integer DEFAULT 100, INOUT org_id text DEFAULT NULL, INOUT site text DEFAULT NULL,
+	INOUT tables integer DEFAULT NULL, INOUT rows_moved bigint DEFAULT NULL)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+	attempt integer := 0;
+BEGIN
+	PERFORM lokadb._org_busy(p_org);
+	IF (SELECT state FROM lokadb.orgs WHERE id = p_org) IS DISTINCT FROM 'moving' THEN
+		RAISE EXCEPTION 'organization "%" is not being moved', p_org USING ERRCODE = 'object_not_in_prerequisite_state';
+	END IF;
+	LOOP
+		BEGIN
+			rows_moved := lokadb._move_switch(p_org, p_site, p_lock_timeout_ms);
+			EXIT;
+		EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+			attempt := attempt + 1;
+			PERFORM lokadb._retry(format('the partitions of organization "%s"', p_org), attempt, p_retries,
+					      p_lock_timeout_ms);
+		END;
+	END LOOP;
+	COMMIT;
+	PERFORM lokadb.analyze_sites(p_org);
+	COMMIT;
+	org_id := p_org;
+	site := p_site;
+	tables := (SELECT count(*) FROM lokadb.tables);
+	PERFORM pg_advisory_unlock_all();
+END $$;
+
+-- After a failed MOVE: the organization back to 'cloud' unless it was moved.
+-- in_cloud: whether its rows are still served from the cloud (then the site's
+-- empty tables may be dropped).
+CREATE OR REPLACE FUNCTION lokadb.move_abort(p_org text, OUT in_cloud boolean) LANGUAGE plpgsql AS $$
+BEGIN
+	UPDATE lokadb.orgs SET state = 'cloud', updated_at = now() WHERE id = p_org AND state = 'moving';
+	in_cloud := (SELECT state FROM lokadb.orgs WHERE id = p_org) IS DISTINCT FROM 'moved';
+END $$;
+
 -- Upgrades: routines of this file that an earlier version created and this
 -- one did not (re)create in this transaction (a changed signature leaves the
 -- old one behind) are dropped. Trigger functions are kept (triggers use them).
@@ -1263,7 +1688,8 @@ BEGIN
 		 WHERE p.pronamespace = 'lokadb'::regnamespace AND p.xmin <> pg_current_xact_id()::xid
 		   AND p.prorettype <> 'trigger'::regtype
 		   AND (p.proname LIKE '\_%' OR p.proname IN ('enable_table', 'disable_table', 'isolate_org',
-			'isolate_abort', 'add_org', 'show_tables', 'show_orgs', 'resolve_table', 'table_key')
+			'isolate_abort', 'add_org', 'show_tables', 'show_orgs', 'resolve_table', 'table_key',
+			'create_site', 'drop_site', 'show_sites', 'move_prepare', 'move_org', 'move_abort', 'analyze_sites')
 			OR p.proname LIKE 'move\_api\_%') LOOP
 		EXECUTE format('DROP %s %s', CASE WHEN r.prokind = 'p' THEN 'PROCEDURE' ELSE 'FUNCTION' END, r.sig);
 	END LOOP;

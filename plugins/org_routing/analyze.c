@@ -987,6 +987,17 @@ static enum or_kind kind_of(const Node *n, bool *rewritable)
 	case PG_QUERY__NODE__NODE_DELETE_STMT:
 		*rewritable = true;
 		return OR_K_DELETE;
+	case PG_QUERY__NODE__NODE_EXPLAIN_STMT: {
+		/* EXPLAIN of a SELECT is addressed like the SELECT: the plan shown is
+		 * the one the statement gets (for a moved organization, what
+		 * postgres_fdw pushes down to its site) */
+		const Node *q = n->explain_stmt->query;
+		if (q && q->node_case == PG_QUERY__NODE__NODE_SELECT_STMT) {
+			*rewritable = !q->select_stmt->into_clause;
+			return OR_K_SELECT;
+		}
+		return OR_K_OTHER;
+	}
 	case PG_QUERY__NODE__NODE_COPY_STMT: {
 		const PgQuery__CopyStmt *c = n->copy_stmt;
 		if (c->is_from)
