@@ -15,13 +15,19 @@
 #   6. with the plugins meta_cache, org_routing and move: installs the LokaDB
 #      catalog, enables a tenant table, isolates one organization and shows
 #      statements routed to its partition and a refused COPY;
-#   7. on exit (also on error or ^C) stops lokadb and PostgreSQL by their PIDs
-#      and removes the directory (set LOKADB_DEMO_KEEP=1 to keep it).
+#   7. a site: a second PostgreSQL cluster stands for an organization's own
+#      database; an agent lokadb next to it dials the relay of the cloud
+#      lokadb (TLS 1.3, token, pinned key); CREATE SITE and MOVE ORG 2 TO SITE
+#      OFFLINE move organization 2's rows there, and the same statements of
+#      the application now read and write them through postgres_fdw;
+#   8. on exit (also on error or ^C) stops the lokadb processes and both
+#      PostgreSQL clusters by their PIDs and removes the directory (set
+#      LOKADB_DEMO_KEEP=1 to keep it).
 #
 # Run from anywhere; it uses the lokadb binary at the top of the repository
 # (LOKADB_BIN overrides it) and PostgreSQL from /usr/lib/postgresql/15/bin
 # (PG_BIN overrides it). Every step is bounded in time; the whole demo takes
-# about 10 seconds.
+# about 20 seconds.
 
 set -eu
 
@@ -43,8 +49,11 @@ die() { printf 'demo: %s\n' "$*" >&2; exit 1; }
 
 TMP=$(mktemp -d /tmp/lokadb-demo.XXXXXX)
 PGDATA=$TMP/pgdata
+SITEDATA=$TMP/sitedata
 LOKADB_PID=
+AGENT_PID=
 PG_STARTED=
+SITE_STARTED=
 
 as_pg() {
 	if [ "$(id -u)" = 0 ]; then
@@ -57,6 +66,15 @@ as_pg() {
 cleanup() {
 	rc=$?
 	trap - EXIT INT TERM
+	if [ -n "$AGENT_PID" ] && kill -0 "$AGENT_PID" 2>/dev/null; then
+		echo "demo: stopping the site's agent (pid $AGENT_PID)"
+		kill -INT "$AGENT_PID" 2>/dev/null || true
+		i=0
+		while kill -0 "$AGENT_PID" 2>/dev/null && [ $i -lt 50 ]; do
+			sleep 0.1; i=$((i + 1))
+		done
+		kill -QUIT "$AGENT_PID" 2>/dev/null || true
+	fi
 	if [ -n "$LOKADB_PID" ] && kill -0 "$LOKADB_PID" 2>/dev/null; then
 		echo "demo: stopping lokadb (pid $LOKADB_PID, SIGINT: wait for servers, then exit)"
 		kill -INT "$LOKADB_PID" 2>/dev/null || true
@@ -65,6 +83,10 @@ cleanup() {
 			sleep 0.1; i=$((i + 1))
 		done
 		kill -QUIT "$LOKADB_PID" 2>/dev/null || true
+	fi
+	if [ -n "$SITE_STARTED" ]; then
+		echo "demo: stopping the site's PostgreSQL"
+		as_pg "$PG_BIN/pg_ctl" -D "$SITEDATA" -m fast -w -t 20 stop >/dev/null 2>&1 || true
 	fi
 	if [ -n "$PG_STARTED" ]; then
 		echo "demo: stopping PostgreSQL"
@@ -104,6 +126,9 @@ free_port() {
 PG_PORT=$(free_port 0)
 LK_PORT=$(free_port 1)
 while [ "$LK_PORT" = "$PG_PORT" ]; do LK_PORT=$(free_port 2); done
+SITE_PG_PORT=$(free_port 3)
+RELAY_PORT=$(free_port 4)
+AGENT_PORT=$(free_port 5)
 
 # ---- 1. the PostgreSQL cluster ----
 
@@ -144,11 +169,22 @@ say "write $TMP/lokadb.ini and $TMP/userlist.txt"
 cat >"$TMP/userlist.txt" <<'EOF'
 "app"   "app_pw"
 "admin" "admin_pw"
+"postgres" "demo_pw"
 EOF
+# The relay's TLS key and certificate, its public key's pin for the agent,
+# and the site's token (the relay keeps only its SHA-256).
+openssl req -x509 -newkey rsa:2048 -nodes -keyout "$TMP/relay.key" -out "$TMP/relay.pem" \
+	-days 2 -subj /CN=relay -addext "subjectAltName = IP:127.0.0.1" >/dev/null 2>&1 \
+	|| die "openssl could not make the relay's certificate"
+RELAY_PIN=$(openssl pkey -in "$TMP/relay.key" -pubout -outform DER 2>/dev/null | openssl dgst -sha256 -r | cut -d' ' -f1)
+SITE_TOKEN=$(openssl rand -hex 32)
+TOKEN_HASH=$(printf '%s' "$SITE_TOKEN" | openssl dgst -sha256 -r | cut -d' ' -f1)
 cat >"$TMP/lokadb.ini" <<EOF
 [databases]
 ; clients ask for "app"; lokadb connects to database appdb on the cluster
 app = host=127.0.0.1 port=$PG_PORT dbname=appdb
+; the site "acme" through the tunnel: its agent serves database appdb there
+site_acme = transport=tunnel host=acme dbname=appdb pool_mode=session
 
 [lokadb]
 listen_addr = 127.0.0.1
@@ -166,9 +202,16 @@ default_pool_size = 2
 max_client_conn = 100
 stats_period = 1
 
-; LokaDB's plugins (found in ./plugins of the build tree): the catalog cache,
-; per-statement organization routing, and the catalog commands of the console
-plugins = meta_cache org_routing move
+; LokaDB's plugins (found in ./plugins of the build tree): the relay that
+; agents dial, the catalog cache, per-statement organization routing, and the
+; catalog and site commands of the console
+plugins = relay meta_cache org_routing move
+
+[plugin.relay]
+listen = 127.0.0.1:$RELAY_PORT
+cert_file = $TMP/relay.pem
+key_file = $TMP/relay.key
+sites = acme:$TOKEN_HASH
 
 [plugin.meta_cache]
 cloud = host=127.0.0.1 port=$PG_PORT dbname=appdb user=postgres password=demo_pw
@@ -177,6 +220,7 @@ cloud = host=127.0.0.1 port=$PG_PORT dbname=appdb user=postgres password=demo_pw
 cloud = host=127.0.0.1 port=$PG_PORT dbname=appdb user=postgres password=demo_pw
 
 [plugin.org_routing]
+databases = app
 route_log = on
 EOF
 sed 's/^/    /' "$TMP/lokadb.ini"
@@ -281,3 +325,82 @@ say "a COPY that would read every organization is refused; with an organization 
 app_psql -c 'COPY documents TO STDOUT' 2>&1 | head -1 || true
 app_psql -q -c "SET lokadb.org = 3" -c 'COPY documents TO STDOUT' | wc -l | sed 's/^/rows of organization 3: /'
 console "SHOW ORG_ROUTING"
+
+# ---- 6. a site ----
+
+say "a site: a second PostgreSQL cluster stands for organization 2's own database"
+printf 'demo_pw\n' > "$TMP/pgpass.txt"
+if [ "$(id -u)" = 0 ]; then
+	chown postgres: "$TMP/pgpass.txt"
+fi
+as_pg "$PG_BIN/initdb" -D "$SITEDATA" -U postgres --pwfile="$TMP/pgpass.txt" \
+	--auth-local=trust --auth-host=scram-sha-256 -E UTF8 --no-locale >"$TMP/initdb-site.log" 2>&1 \
+	|| { cat "$TMP/initdb-site.log" >&2; die "initdb of the site failed"; }
+rm -f "$TMP/pgpass.txt"
+cat >>"$SITEDATA/postgresql.conf" <<EOF
+listen_addresses = '127.0.0.1'
+port = $SITE_PG_PORT
+unix_socket_directories = '$TMP'
+max_connections = 30
+fsync = off
+EOF
+as_pg "$PG_BIN/pg_ctl" -D "$SITEDATA" -l "$TMP/site-postgres.log" -w -t 30 start >/dev/null
+SITE_STARTED=1
+as_pg "$PSQL" -X -q -h "$TMP" -p "$SITE_PG_PORT" -U postgres -d postgres -c "CREATE DATABASE appdb"
+echo "the site's PostgreSQL on 127.0.0.1:$SITE_PG_PORT, database appdb (empty)"
+
+say "the site's agent: a lokadb with the agent plugin that dials the relay (the site opens no port)"
+cat >"$TMP/agent.ini" <<EOF
+[lokadb]
+listen_addr = 127.0.0.1
+listen_port = $AGENT_PORT
+unix_socket_dir = $TMP
+logfile = $TMP/agent.log
+pidfile = $TMP/agent.pid
+auth_type = trust
+admin_users = admin
+plugins = agent
+
+[plugin.agent]
+relay = 127.0.0.1:$RELAY_PORT
+site = acme
+token = $SITE_TOKEN
+relay_pin = $RELAY_PIN
+; the only databases it connects to, whatever the relay asks for
+databases = appdb:host=127.0.0.1 port=$SITE_PG_PORT dbname=appdb
+EOF
+sed -e 's/^/    /' -e "s/$SITE_TOKEN/<the site's token>/" "$TMP/agent.ini"
+"$LOKADB" -q "$TMP/agent.ini" &
+AGENT_PID=$!
+i=0
+until PGPASSWORD=admin_pw "$PSQL" -X -qAt -h 127.0.0.1 -p "$LK_PORT" -U admin -d lokadb \
+	-c 'SHOW AGENTS' 2>/dev/null </dev/null | grep -q '^acme|.*|active'; do
+	kill -0 "$AGENT_PID" 2>/dev/null || die "the agent exited at start-up (see $TMP/agent.log)"
+	i=$((i + 1))
+	[ $i -lt 100 ] || die "the agent did not connect to the relay within 10 seconds"
+	sleep 0.1
+done
+console "SHOW AGENTS"
+
+say "CREATE SITE: a postgres_fdw server in the cloud database that reaches the site through lokadb and the tunnel"
+console "CREATE SITE acme DATABASE 'site_acme' HOST '127.0.0.1' PORT $LK_PORT USER 'postgres' PASSWORD 'demo_pw'"
+
+say "MOVE ORG 2 TO SITE acme OFFLINE: its tables made at the site, its rows copied and verified, its partition swapped"
+console "MOVE ORG 2 TO SITE acme OFFLINE"
+console "SHOW ORGS"
+
+say "the same statements as before: organization 2 is read and written at its site"
+app_psql -e <<'EOF'
+SELECT count(*) FROM documents WHERE organization_id = 2;
+SELECT d.id, d.title, p.name FROM documents d JOIN projects p ON p.id = d.project_id
+ WHERE d.organization_id = 2 ORDER BY d.id DESC LIMIT 3;
+INSERT INTO documents (organization_id, id, project_id, title) VALUES (2, 3002, 2, 'written at the site');
+SELECT tableoid::regclass AS partition, count(*) FROM documents GROUP BY 1 ORDER BY 1;
+EOF
+echo "postgres_fdw runs the organization's ORDER BY and LIMIT at the site (EXPLAIN VERBOSE, Remote SQL):"
+app_psql -At -c "EXPLAIN VERBOSE SELECT id, title FROM documents WHERE organization_id = 2 ORDER BY id DESC LIMIT 3" \
+	| grep -E 'Remote SQL' | sed 's/^ */    /'
+echo "and at the site itself (psql to the site's PostgreSQL):"
+as_pg "$PSQL" -X -h "$TMP" -p "$SITE_PG_PORT" -U postgres -d appdb \
+	-c "SELECT organization_id, count(*), max(id) FROM documents GROUP BY 1"
+console "SHOW STREAMS"

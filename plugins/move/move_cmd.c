@@ -472,7 +472,8 @@ static void move_done(struct move_job *j, PGresult *r)
 {
 	static const uint32_t types[] = { LK_TYPE_TEXT, LK_TYPE_TEXT, LK_TYPE_INT4, LK_TYPE_INT8 };
 
-	reply_rows(j, r, types, "MOVE ORG");
+	/* not "MOVE ...": libpq reads a tag starting "MOVE " as a cursor MOVE and wants a row count after it */
+	reply_rows(j, r, types, "ORG MOVED");
 }
 
 /* The site's tables exist: the switch in the cloud. */
