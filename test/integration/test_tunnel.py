@@ -427,8 +427,10 @@ def test_agent_reload_changes_the_allow_list_and_keeps_the_session(tunnel):
     dials = int(tunnel.agent_row()["dials"])
     raw = tunnel.agent_raw().replace("databases = ", f"databases = p0:host=127.0.0.1 port={tunnel.pg.port}, ")
     tunnel.agent.write_ini(raw=raw)
-    tunnel.agent.reload()
-    with tunnel.relay.connect("org_a_nodb", USER) as c:
-        wait_until(lambda: c.execute("select current_database()").fetchone()[0] == "p0", 5 * SLOW,
-                   what="p0 through the tunnel")
+    tunnel.agent.reload()                                  # SIGHUP: applied asynchronously
+
+    def p0():
+        with tunnel.relay.connect("org_a_nodb", USER) as c:
+            return c.execute("select current_database()").fetchone()[0] == "p0"
+    wait_until(p0, 5 * SLOW, what="p0 through the tunnel")
     assert int(tunnel.agent_row()["dials"]) == dials       # same relay, site and token: same session
