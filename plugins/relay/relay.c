@@ -6,7 +6,7 @@
  * site's token, proven with an HMAC over the TLS exporter so a captured
  * proof is worth nothing on another connection), and registers the
  * transport `tunnel`: a [databases] entry with `transport=tunnel
- * host=SITE dbname=DB` has each server connection (and each cancel
+ * site=SITE dbname=DB` (host= is an alias) has each server connection (and each cancel
  * request) carried by one stream of SITE's agent session, db_key = DB.
  * The core gets one end of a socketpair; the other end is pumped to and
  * from the stream, with credit returned only for bytes written onward.
@@ -533,7 +533,7 @@ static int tunnel_connect(lk_plugin *self, lk_connect *req)
 		if (strcmp(R.sites[i].name, site_name) == 0)
 			site = &R.sites[i];
 	if (!site) {
-		snprintf(msg, sizeof(msg), "no tunnel site \"%s\" in [plugin.relay] sites (host= names the site)",
+		snprintf(msg, sizeof(msg), "no tunnel site \"%s\" in [plugin.relay] sites (site= names the site)",
 			 site_name ? site_name : "");
 		api->connect_failed(req, msg);
 		return LK_ERROR;

@@ -82,9 +82,9 @@ class Tunnel:
         return raw
 
     def start_relay(self, settings=None, **kw):
-        dbs = {"org_a": f"transport=tunnel host=acme dbname={DB} pool_mode=transaction pool_size=5",
-               "org_a_session": f"transport=tunnel host=acme dbname={DB}",
-               "org_b": f"transport=tunnel host=beta dbname={DB} pool_mode=transaction",
+        dbs = {"org_a": f"transport=tunnel site=acme dbname={DB} pool_mode=transaction pool_size=5",
+               "org_a_session": f"transport=tunnel host=acme dbname={DB}",   # host= is an alias of site=
+               "org_b": f"transport=tunnel site=beta dbname={DB} pool_mode=transaction",
                "org_a_nodb": "transport=tunnel host=acme dbname=p0 pool_mode=transaction",
                "org_a_p2": "transport=tunnel host=acme dbname=p2 pool_mode=transaction"}
         self.relay = self.factory(settings={"plugins": "relay", **(settings or {})}, databases=dbs,
@@ -199,6 +199,16 @@ def test_show_streams_lists_open_streams(tunnel):
         rows = tunnel.relay.admin_dicts("SHOW STREAMS")
         assert any(r["site"] == "acme" and r["db"] == DB and r["state"] == "open" for r in rows), rows
         assert int(tunnel.agent_row()["streams"]) >= 1
+
+
+def test_site_option_and_its_host_alias_reach_the_same_site(tunnel):
+    with tunnel.connect("org_a") as a, tunnel.connect("org_a_session") as b:   # site=acme, host=acme
+        assert a.execute("select current_database()").fetchone()[0] == DB
+        assert b.execute("select current_database()").fetchone()[0] == DB
+        streams = tunnel.relay.admin_dicts("SHOW STREAMS")
+        assert sum(r["site"] == "acme" and r["state"] == "open" for r in streams) >= 2, streams
+    dbs = {r["name"]: r for r in tunnel.relay.admin_dicts("SHOW DATABASES")}
+    assert dbs["org_a"]["host"] == dbs["org_a_session"]["host"] == "acme"
 
 
 def test_unknown_database_at_the_agent_is_refused_clearly(tunnel):
