@@ -45,7 +45,7 @@
 
 static const char *const hook_names[LK_HOOK_COUNT] = {
 	"CONFIG_CHECK", "CONFIG_APPLY", "CLIENT_STARTUP", "AUTH_LOOKUP", "QUERY",
-	"ROUTE", "TXN_END", "CLIENT_CLOSE", "SERVER_CLOSE",
+	"ROUTE", "TXN_END", "CLIENT_CLOSE", "SERVER_CLOSE", "SHUTDOWN",
 };
 
 struct lk_event {
@@ -1089,6 +1089,12 @@ void plugin_server_close(struct server *s)
 	}
 	if (hook_on(LK_HOOK_SERVER_CLOSE))
 		chain_notify(LK_HOOK_SERVER_CLOSE, NULL, s);
+}
+
+void plugin_shutdown(void)
+{
+	if (hook_on(LK_HOOK_SHUTDOWN))
+		chain_notify(LK_HOOK_SHUTDOWN, NULL, NULL);
 }
 
 void plugin_client_free(struct client *c)

@@ -40,7 +40,7 @@ extern "C" {
 
 #define LK_PLUGIN_MAGIC 0x4c4b504cu	/* "LKPL" */
 #define LK_ABI_MAJOR 1
-#define LK_ABI_MINOR 5
+#define LK_ABI_MINOR 6
 #define LK_PLUGIN_SYMBOL "lokadb_plugin"
 
 /* Opaque handles. */
@@ -79,6 +79,7 @@ enum lk_hook {
 	LK_HOOK_TXN_END,		/* a client's transaction ended (server idle again); observer */
 	LK_HOOK_CLIENT_CLOSE,		/* observer */
 	LK_HOOK_SERVER_CLOSE,		/* observer */
+	LK_HOOK_SHUTDOWN,		/* ABI 1.6: a shutdown begins (signal or console); observer, once */
 	LK_HOOK_COUNT
 };
 

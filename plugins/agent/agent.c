@@ -583,6 +583,9 @@ static void on_goaway(struct mux_session *s, uint32_t last, uint32_t code, uint3
 		A.cur = NULL;
 	if (mux_stream_count(x->link.s) == 0)
 		x->link.close_when_flushed = true;
+	A.attempts = 0;		/* no backoff: the relay asked for a new session */
+	if (A.redial)
+		evtimer_del(A.redial);
 	schedule_dial(reconnect_ms);
 }
 

@@ -11,7 +11,10 @@
  * The core gets one end of a socketpair; the other end is pumped to and
  * from the stream, with credit returned only for bytes written onward.
  *
- * Settings [plugin.relay]: listen, cert_file, key_file, sites, max_streams.
+ * Settings [plugin.relay]: listen, cert_file, key_file, sites, max_streams,
+ * so_reuseport. A shutdown drains (on_shutdown): agents are told to
+ * reconnect at once (to the new process of a rolling restart), streams
+ * still open are reset after DRAIN_MS.
  * Console: SHOW AGENTS, SHOW STREAMS.
  */
 #include <lokadb/plugin.h>
@@ -44,6 +47,7 @@
 #define HELLO_DEADLINE_MS 10000
 #define MAX_SITES 1024
 #define MAX_HANDSHAKES 128		/* connections not yet authenticated */
+#define DRAIN_MS 5000			/* a shutdown resets the streams still open after this */
 
 static const lk_api *api;
 static lk_plugin *me;
@@ -84,6 +88,9 @@ static struct {
 	unsigned n_streams, max_streams;
 	long long refused_auth, refused_streams, refused_handshakes;
 	struct mux_settings settings;
+	bool reuseport;			/* so_reuseport: a rolling restart binds listen again */
+	bool draining;			/* the process is shutting down */
+	lk_timer *drain_timer;
 } R;
 
 static uint64_t now_ms(void)
@@ -199,6 +206,14 @@ static bool parse_max_streams(const char *v, unsigned *out)
 	if (!v || !*v || *end || n < 1 || n > MUX_MAX_STREAMS_CAP)
 		return false;
 	*out = (unsigned)n;
+	return true;
+}
+
+static bool parse_bool(const char *v, bool *out)
+{
+	if (!v || (strcmp(v, "0") != 0 && strcmp(v, "1") != 0))
+		return false;
+	*out = v[0] == '1';
 	return true;
 }
 
@@ -419,10 +434,18 @@ static void agent_reaped(struct tlink *l)
 	free(a);
 }
 
+/* While the relay drains, a session whose last stream closed goes at once. */
+static void agent_flushed(struct tlink *l)
+{
+	if (R.draining && mux_stream_count(l->s) == 0)
+		l->close_when_flushed = true;
+}
+
 static const struct tlink_ops agent_ops = {
 	.now_ms = now_ms,
 	.killed = agent_killed,
 	.reaped = agent_reaped,
+	.flushed = agent_flushed,
 };
 
 static void agent_event_cb(struct bufferevent *bev, short what, void *arg)
@@ -529,6 +552,10 @@ static int tunnel_connect(lk_plugin *self, lk_connect *req)
 	char msg[256];
 
 	(void)self;
+	if (R.draining) {
+		api->connect_failed(req, "the relay is shutting down");
+		return LK_ERROR;
+	}
 	for (int i = 0; site_name && i < R.n_sites; i++)
 		if (strcmp(R.sites[i].name, site_name) == 0)
 			site = &R.sites[i];
@@ -608,6 +635,7 @@ static int on_config_check(lk_plugin *self, lk_event *ev)
 	unsigned ms;
 	const char *cert = api->config_get(ev, "cert_file"), *key = api->config_get(ev, "key_file");
 	SSL_CTX *ctx;
+	bool reuse;
 
 	(void)self;
 	if (!parse_sites(api->config_get(ev, "sites"), NULL, NULL, why, sizeof(why)))
@@ -616,6 +644,8 @@ static int on_config_check(lk_plugin *self, lk_event *ev)
 		return api->config_error(ev, "max_streams", "must be a number 1..%d", MUX_MAX_STREAMS_CAP);
 	if (!parse_listen(api->config_get(ev, "listen"), &ss, &len))
 		return api->config_error(ev, "listen", "must be a numeric ADDRESS:PORT (127.0.0.1:7000, [::1]:7000)");
+	if (!parse_bool(api->config_get(ev, "so_reuseport"), &reuse))
+		return api->config_error(ev, "so_reuseport", "must be 0 or 1");
 	if (!cert || !*cert)
 		return api->config_error(ev, "cert_file", "the relay needs a certificate (TLS 1.3 only)");
 	if (!key || !*key)
@@ -669,13 +699,15 @@ static int on_config_apply(lk_plugin *self, lk_event *ev)
 			R.ctx = ctx;
 		}
 	}
-	if (!R.lis) {
+	if (!R.lis && !R.draining) {
 		struct sockaddr_storage ss;
 		int len;
 
+		parse_bool(api->config_get(ev, "so_reuseport"), &R.reuseport);
 		if (parse_listen(api->config_get(ev, "listen"), &ss, &len)) {
 			R.lis = evconnlistener_new_bind(api->event_base(), accept_cb, NULL,
-							LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC,
+							LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC |
+							(R.reuseport ? LEV_OPT_REUSEABLE_PORT : 0),
 							128, (struct sockaddr *)&ss, len);
 			if (!R.lis)
 				api->log(me, LK_LOG_ERROR, "relay: cannot listen on %s: %s", api->config_get(ev, "listen"),
@@ -685,6 +717,61 @@ static int on_config_apply(lk_plugin *self, lk_event *ev)
 					 api->config_get(ev, "listen"));
 		}
 	}
+	return LK_CONTINUE;
+}
+
+/* ================= shutdown: drain ================= */
+
+/* The drain deadline: whatever is still open is reset, every session closed. */
+static void drain_deadline(lk_plugin *self, void *arg)
+{
+	unsigned n = 0;
+
+	(void)self;
+	(void)arg;
+	R.drain_timer = NULL;
+	for (struct agent *a = R.agents; a; a = a->next)
+		if (!a->link.dying) {
+			n += a->n_streams;
+			tlink_kill(&a->link, "the relay is shutting down");
+		}
+	if (n)
+		api->log(me, LK_LOG_WARNING, "relay: drain deadline (%d s): %u streams reset", DRAIN_MS / 1000, n);
+}
+
+/*
+ * A shutdown begins (SIGTERM, SIGINT, SHUTDOWN ...): stop accepting agents
+ * (in a rolling restart the new process takes them), tell each agent
+ * GOAWAY(RELAY_RESTART, reconnect now), open no more streams; a session
+ * closes when its last stream does, and DRAIN_MS later whatever is left is
+ * reset so the server connections it carries end and the process can exit.
+ */
+static int on_shutdown(lk_plugin *self, lk_event *ev)
+{
+	unsigned agents = 0;
+
+	(void)ev;
+	if (R.draining)
+		return LK_CONTINUE;
+	R.draining = true;
+	if (R.lis)
+		evconnlistener_free(R.lis);
+	R.lis = NULL;
+	for (struct agent *a = R.agents; a; a = a->next) {
+		if (a->link.dying)
+			continue;
+		if (a->link.established) {
+			mux_goaway(a->link.s, MUX_E_RELAY_RESTART, 0, "the relay is shutting down");
+			agents++;
+		} else {
+			a->link.close_when_flushed = true;
+		}
+		tlink_flush(&a->link);
+	}
+	api->log(me, LK_LOG_INFO, "relay: shutting down: %u agents told to reconnect, %u streams left (reset after %d s)",
+		 agents, R.n_streams, DRAIN_MS / 1000);
+	if (R.n_streams)
+		R.drain_timer = api->timer_add(self, (uint64_t)DRAIN_MS * 1000u, 0, drain_deadline, NULL);
 	return LK_CONTINUE;
 }
 
@@ -802,6 +889,8 @@ static int relay_init(lk_plugin *self, const lk_api *a)
 	    a->config_declare(self, "sites", "",
 			      "SITE:SHA256HEX, ...: each site's agent token, as the SHA-256 of the token in hex") != 0 ||
 	    a->config_declare(self, "max_streams", "2048", "most tunnel streams over all agents") != 0 ||
+	    a->config_declare(self, "so_reuseport", "0",
+			      "1: bind listen with SO_REUSEPORT, so a new process can take over (rolling restart)") != 0 ||
 	    a->console_register(self, "SHOW AGENTS", 0, cmd_agents, "agents connected to the relay") != 0 ||
 	    a->console_register(self, "SHOW STREAMS", 0, cmd_streams, "tunnel streams of the relay") != 0) {
 		a->init_error(self, "registration failed");
@@ -818,6 +907,8 @@ static int relay_init(lk_plugin *self, const lk_api *a)
 		a->init_error(self, "metric registration failed");
 		return -1;
 	}
+	if (a->hook(self, LK_HOOK_SHUTDOWN, on_shutdown, 0) != 0)
+		a->log(self, LK_LOG_WARNING, "relay: this lokadb has no SHUTDOWN hook (ABI 1.6): no drain at shutdown");
 	return 0;
 }
 

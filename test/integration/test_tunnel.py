@@ -72,23 +72,25 @@ class Tunnel:
         self.relay = None
         self.agent = None
 
-    def relay_raw(self, sites=None, max_streams=None):
+    def relay_raw(self, sites=None, max_streams=None, extra=""):
         sites = sites or f"acme:{sha256_hex(TOKEN)}, beta:{sha256_hex(OTHER_TOKEN)}"
         raw = (f"[plugin.relay]\nlisten = 127.0.0.1:{self.relay_port}\n"
                f"cert_file = {self.certs / 'relay.pem'}\nkey_file = {self.certs / 'relay.key'}\n"
                f"sites = {sites}\n")
         if max_streams:
             raw += f"max_streams = {max_streams}\n"
-        return raw
+        return raw + extra
 
-    def start_relay(self, settings=None, **kw):
-        dbs = {"org_a": f"transport=tunnel site=acme dbname={DB} pool_mode=transaction pool_size=5",
+    def relay_databases(self):
+        return {"org_a": f"transport=tunnel site=acme dbname={DB} pool_mode=transaction pool_size=5",
                "org_a_session": f"transport=tunnel host=acme dbname={DB}",   # host= is an alias of site=
                "org_b": f"transport=tunnel site=beta dbname={DB} pool_mode=transaction",
                "org_a_nodb": "transport=tunnel host=acme dbname=p0 pool_mode=transaction",
                "org_a_p2": "transport=tunnel host=acme dbname=p2 pool_mode=transaction"}
-        self.relay = self.factory(settings={"plugins": "relay", **(settings or {})}, databases=dbs,
-                                  raw=self.relay_raw(**kw))
+
+    def start_relay(self, settings=None, **kw):
+        self.relay = self.factory(settings={"plugins": "relay", **(settings or {})},
+                                  databases=self.relay_databases(), raw=self.relay_raw(**kw))
         return self.relay
 
     def agent_raw(self, token=TOKEN, verify="pin", site="acme", max_conns=100):

@@ -1,0 +1,79 @@
+# SPDX-License-Identifier: ISC
+"""Operating the tunnel (doc/tunnel.md, "Operations"): the relay drains at
+shutdown (agents told GOAWAY RELAY_RESTART reconnect at once, to the new
+process of a rolling restart; streams still open are reset after 5 s), so a
+proxy in front of the relay keeps working across a relay restart."""
+
+import re
+import signal
+
+from lokadb_harness import SLOW, Wire, wait_until
+from test_tunnel import DB, USER, Tunnel, certs, tunnel  # noqa: F401 -- fixtures
+
+REUSE = "so_reuseport = 1\n"
+
+
+def unix_admin(b, sql):
+    """One console command over this process's own unix socket -> list of dicts."""
+    with Wire(unix_path=str(b.dir / f".s.PGSQL.{b.settings['listen_port']}"), timeout=5.0) as w:
+        w.login("admin", "lokadb", "adminpw")
+        res = w.query(sql)
+        return [dict(zip(res.columns, r)) for r in res.rows]
+
+
+def wait_unix_ready(b):
+    def ready():
+        assert b.proc.poll() is None, f"lokadb exited during startup:\n{b.stderr()[-2000:]}\n{b.log()[-2000:]}"
+        return unix_admin(b, "SHOW VERSION")
+    wait_until(ready, 10 * SLOW, what=f"lokadb in {b.dir} on its unix socket")
+
+
+def site_active(b, site="acme"):
+    return any(r["site"] == site and r["state"] == "active" for r in unix_admin(b, "SHOW AGENTS"))
+
+
+def test_rolling_restart_of_the_relay_drains_and_the_proxy_keeps_working(bouncer_factory, pg, certs):
+    t = Tunnel(bouncer_factory, pg, certs)
+    old = t.start_relay(settings={"so_reuseport": 1}, extra=REUSE)
+    t.start_agent()
+    proxy = bouncer_factory(settings={"pool_mode": "transaction"},
+                            databases={"app": f"host=127.0.0.1 port={old.port} dbname=org_a"})
+    c = proxy.connect("app", USER)
+    assert c.execute("select current_database()").fetchone()[0] == DB      # proxy -> relay -> agent
+    busy = t.connect("org_a_session")                    # holds its stream until the drain resets it
+    assert busy.execute("select 1").fetchone()[0] == 1
+    dials = int(t.agent_row()["dials"])
+
+    new = bouncer_factory(settings={"plugins": "relay", "listen_port": old.port, "so_reuseport": 1},
+                          databases=t.relay_databases(), raw=t.relay_raw(extra=REUSE), start=False)
+    new.start(wait=False)
+    wait_unix_ready(new)
+    old.send_signal(signal.SIGINT)                       # wait for servers: the relay drains
+
+    wait_until(lambda: site_active(new), 5 * SLOW, what="the agent at the new relay")
+    assert int(t.agent_row()["dials"]) == dials + 1      # told to reconnect: one dial, no backoff
+    assert old.wait_exit(timeout=10), "the old relay did not exit after its drain"
+    log = old.log()
+    assert "relay: shutting down: 1 agents told to reconnect" in log, log[-2000:]
+    assert re.search(r"drain deadline \(5 s\): [12] streams reset", log), log[-2000:]   # busy (+ idle pooled)
+    assert "RELAY_RESTART" in t.agent.log()
+
+    # the proxy's idle server connection to the old relay closed with it; the next
+    # query opens a new one, which the port now gives to the new relay
+    wait_until(lambda: not proxy.admin_dicts("SHOW SERVERS"), 5 * SLOW, what="the proxy to drop its server")
+    assert c.execute("select current_database()").fetchone()[0] == DB
+    assert any(r["db"] == DB for r in unix_admin(new, "SHOW STREAMS"))
+
+
+def test_relay_stopped_by_sigterm_says_goaway_and_its_successor_gets_the_agent(tunnel):
+    with tunnel.connect() as c:                          # transaction pool: the stream stays idle in it
+        assert c.execute("select current_database()").fetchone()[0] == DB
+    assert tunnel.relay.stop(signal.SIGTERM, timeout=5 + 5), "SIGTERM did not stop the relay"
+    assert "relay: shutting down: 1 agents told to reconnect" in tunnel.relay.log()
+    wait_until(lambda: "RELAY_RESTART" in tunnel.agent.log(), 5 * SLOW, what="the agent to read the GOAWAY")
+    old = tunnel.relay
+    tunnel.start_relay()                                 # the same relay port, a new process
+    assert tunnel.relay is not old
+    tunnel.wait_connected()                              # within 10 s; backoff restarted at 250 ms
+    with tunnel.connect() as c:
+        assert c.execute("select current_database()").fetchone()[0] == DB
