@@ -62,7 +62,10 @@ struct conf {
 	char relay[192], site[MUX_NAME_MAX + 1], token[256], relay_ca[1024], relay_name[256];
 	uint8_t pin[32];
 	bool has_pin;
-	struct sockaddr_storage relay_ss;
+	char relay_host[128];		/* relay's HOST */
+	int relay_port;
+	bool relay_is_name;		/* resolved before each dial (api->resolve) */
+	struct sockaddr_storage relay_ss;	/* a numeric relay's address */
 	int relay_sslen;
 	struct target *dbs;
 	int n_dbs;
@@ -88,6 +91,7 @@ struct stream {
 static struct {
 	struct conf c;
 	bool configured;
+	bool resolving;			/* the relay's name is being resolved */
 	SSL_CTX *ctx;
 	struct session *sessions;	/* sessions[0] newest when connected */
 	struct session *cur;		/* the session that takes new work */
@@ -125,7 +129,30 @@ static bool numeric_addr(const char *host, int port, struct sockaddr_storage *ss
 	return true;
 }
 
-/* "HOST:PORT" (numeric; [v6]:port) */
+/* A DNS name: letters, digits, '-', '.', 1..253 characters, no empty label. */
+static bool host_name_ok(const char *h)
+{
+	size_t n = strlen(h), label = 0;
+
+	if (n == 0 || n > 253)
+		return false;
+	for (const char *p = h; *p; p++) {
+		if (*p == '.') {
+			if (label == 0)
+				return false;
+			label = 0;
+		} else if ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+			   *p == '-') {
+			if (++label > 63)
+				return false;
+		} else {
+			return false;
+		}
+	}
+	return true;
+}
+
+/* "HOST:PORT" ([v6]:port) */
 static bool parse_hostport(const char *v, char *host, size_t hlen, int *port)
 {
 	const char *colon = v ? strrchr(v, ':') : NULL;
@@ -244,11 +271,23 @@ static bool parse_conf(lk_event *ev, struct conf *c, const char **bad_key, char 
 	memset(c, 0, sizeof(*c));
 	v = api->config_get(ev, "relay");
 	*bad_key = "relay";
-	if (!v || !parse_hostport(v, host, sizeof(host), &port) ||
-	    !numeric_addr(host, port, &c->relay_ss, &c->relay_sslen)) {
-		snprintf(why, wlen, "must be a numeric ADDRESS:PORT (the agent does not resolve names yet)");
+	if (!v || !parse_hostport(v, host, sizeof(host), &port)) {
+		snprintf(why, wlen, "must be HOST:PORT (a name, an IPv4 address or [IPv6])");
 		return false;
 	}
+	if (!numeric_addr(host, port, &c->relay_ss, &c->relay_sslen)) {
+		if (!host_name_ok(host)) {
+			snprintf(why, wlen, "\"%s\" is neither a numeric address nor a host name", host);
+			return false;
+		}
+		if (!LK_API_HAS(api, resolve)) {
+			snprintf(why, wlen, "this lokadb cannot resolve names for plugins (ABI 1.6): use an address");
+			return false;
+		}
+		c->relay_is_name = true;
+	}
+	snprintf(c->relay_host, sizeof(c->relay_host), "%s", host);
+	c->relay_port = port;
 	snprintf(c->relay, sizeof(c->relay), "%s", v);
 	*bad_key = "site";
 	v = api->config_get(ev, "site");
@@ -783,16 +822,12 @@ static void session_tick_cb(evutil_socket_t fd, short what, void *arg)
 	tlink_flush(&x->link);
 }
 
-static void dial(evutil_socket_t fd, short what, void *arg)
+/* Open a session to the relay at sa. */
+static void dial_to(const struct sockaddr *sa, int salen)
 {
 	struct session *x;
 	SSL *ssl;
 
-	(void)fd;
-	(void)what;
-	(void)arg;
-	if (!A.configured || !A.ctx)
-		return;
 	x = calloc(1, sizeof(*x));
 	ssl = x ? SSL_new(A.ctx) : NULL;
 	if (!ssl) {
@@ -800,15 +835,14 @@ static void dial(evutil_socket_t fd, short what, void *arg)
 		schedule_dial(backoff_ms());
 		return;
 	}
-	if (A.c.relay_name[0]) {
-		SSL_set_tlsext_host_name(ssl, A.c.relay_name);
+	if (A.c.relay_name[0] || A.c.relay_is_name) {
+		const char *name = A.c.relay_name[0] ? A.c.relay_name : A.c.relay_host;
+
+		SSL_set_tlsext_host_name(ssl, name);
 		if (A.c.relay_ca[0])
-			SSL_set1_host(ssl, A.c.relay_name);
+			SSL_set1_host(ssl, name);
 	} else if (A.c.relay_ca[0]) {
-		char host[128];
-		int port;
-		if (parse_hostport(A.c.relay, host, sizeof(host), &port))
-			X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), host);
+		X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), A.c.relay_host);
 	}
 	A.reconnects++;
 	if (!tlink_open(&x->link, api->event_base(), ssl, -1, BUFFEREVENT_SSL_CONNECTING, MUX_ROLE_AGENT, &A.settings,
@@ -820,12 +854,48 @@ static void dial(evutil_socket_t fd, short what, void *arg)
 	x->next = A.sessions;
 	A.sessions = x;
 	tlink_start(&x->link, session_event_cb);
-	if (bufferevent_socket_connect(x->link.bev, (struct sockaddr *)&A.c.relay_ss, A.c.relay_sslen) != 0) {
+	if (bufferevent_socket_connect(x->link.bev, (struct sockaddr *)sa, salen) != 0) {
 		snprintf(A.last_error, sizeof(A.last_error), "cannot connect to relay %s", A.c.relay);
 		tlink_kill(&x->link, "");
 		return;
 	}
 	session_tick_cb(-1, 0, &x->link);
+}
+
+/* The answer for the relay's name (api->resolve). */
+static void relay_resolved(lk_plugin *self, void *arg, const struct sockaddr *sa, int len, const char *error)
+{
+	(void)self;
+	(void)arg;
+	A.resolving = false;
+	if (!A.configured || !A.ctx)
+		return;
+	if (!sa) {
+		snprintf(A.last_error, sizeof(A.last_error), "cannot resolve relay %s: %s", A.c.relay_host, error);
+		api->log(me, LK_LOG_WARNING, "agent: %s", A.last_error);
+		schedule_dial(backoff_ms());
+		return;
+	}
+	dial_to(sa, len);
+}
+
+static void dial(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	(void)arg;
+	if (!A.configured || !A.ctx || A.resolving)
+		return;
+	if (!A.c.relay_is_name) {
+		dial_to((struct sockaddr *)&A.c.relay_ss, A.c.relay_sslen);
+		return;
+	}
+	A.resolving = true;
+	if (api->resolve(me, A.c.relay_host, A.c.relay_port, relay_resolved, &A) != 0) {
+		A.resolving = false;
+		snprintf(A.last_error, sizeof(A.last_error), "cannot resolve relay %s", A.c.relay_host);
+		schedule_dial(backoff_ms());
+	}
 }
 
 static void schedule_dial(uint64_t delay_ms)
@@ -897,6 +967,9 @@ static int on_config_apply(lk_plugin *self, lk_event *ev)
 			}
 		A.cur = NULL;
 		A.attempts = 0;
+		if (A.resolving)
+			api->resolve_cancel(me, &A);	/* a name of the old relay */
+		A.resolving = false;
 		if (A.redial)
 			evtimer_del(A.redial);
 		schedule_dial(0);
@@ -933,6 +1006,8 @@ static int cmd_agent(lk_plugin *self, lk_result *res, const char *args)
 		state = "connected";
 		gmtime_r(&A.cur->since, &tm);
 		strftime(since, sizeof(since), "%Y-%m-%d %H:%M:%S UTC", &tm);
+	} else if (A.resolving) {
+		state = "resolving";
 	} else {
 		for (struct session *x = A.sessions; x; x = x->next)
 			if (!x->link.dying && !x->link.established)
@@ -987,7 +1062,7 @@ static int agent_init(lk_plugin *self, const lk_api *a)
 	tlink_settings(&A.settings);
 	if (a->hook(self, LK_HOOK_CONFIG_CHECK, on_config_check, 0) != 0 ||
 	    a->hook(self, LK_HOOK_CONFIG_APPLY, on_config_apply, 0) != 0 ||
-	    a->config_declare(self, "relay", "", "numeric ADDRESS:PORT of the relay") != 0 ||
+	    a->config_declare(self, "relay", "", "HOST:PORT of the relay (a name is resolved before each dial)") != 0 ||
 	    a->config_declare(self, "site", "", "this site's name at the relay") != 0 ||
 	    a->config_declare(self, "token", "", "this site's token (the relay keeps its SHA-256)") != 0 ||
 	    a->config_declare(self, "relay_ca", "", "CA file that signed the relay's certificate") != 0 ||

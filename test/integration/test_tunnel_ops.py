@@ -77,3 +77,31 @@ def test_relay_stopped_by_sigterm_says_goaway_and_its_successor_gets_the_agent(t
     tunnel.wait_connected()                              # within 10 s; backoff restarted at 250 ms
     with tunnel.connect() as c:
         assert c.execute("select current_database()").fetchone()[0] == DB
+
+
+def test_agent_resolves_the_relay_name(bouncer_factory, pg, certs):
+    t = Tunnel(bouncer_factory, pg, certs)
+    t.start_relay()
+    raw = t.agent_raw().replace(f"relay = 127.0.0.1:{t.relay_port}", f"relay = localhost:{t.relay_port}")
+    assert f"relay = localhost:{t.relay_port}" in raw
+    t.agent = bouncer_factory(settings={"plugins": "agent"}, raw=raw)
+    t.wait_connected()
+    assert t.agent_row()["relay"] == f"localhost:{t.relay_port}"
+    assert any(r["hostname"] == "localhost" for r in t.agent.admin_dicts("SHOW DNS_HOSTS"))   # the core's cache
+    with t.connect() as c:
+        assert c.execute("select current_database()").fetchone()[0] == DB
+
+
+def test_agent_with_an_unresolvable_relay_name_says_so_and_keeps_trying(bouncer_factory, pg, certs):
+    t = Tunnel(bouncer_factory, pg, certs)
+    raw = t.agent_raw().replace(f"relay = 127.0.0.1:{t.relay_port}", f"relay = no-such-relay.invalid:{t.relay_port}")
+    t.agent = bouncer_factory(settings={"plugins": "agent", "dns_nxdomain_ttl": 1}, raw=raw)
+    wait_until(lambda: "cannot resolve relay no-such-relay.invalid" in (t.agent_row()["last_error"] or ""),
+               15 * SLOW, what="the resolver's answer")
+    assert t.agent_row()["state"] in ("backoff", "resolving")
+    wait_until(lambda: int(t.agent_row()["dials"]) == 0 and t.agent.log().count("cannot resolve relay") >= 2,
+               20 * SLOW, what="a second try")
+    bad = t.agent_raw().replace(f"relay = 127.0.0.1:{t.relay_port}", "relay = bad_name!:1")
+    t.agent.write_ini(raw=bad)
+    res = t.agent.admin_result("RELOAD")
+    assert res.error is not None and "neither a numeric address nor a host name" in str(res.error), res.error
