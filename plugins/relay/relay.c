@@ -12,7 +12,7 @@
  * from the stream, with credit returned only for bytes written onward.
  *
  * Settings [plugin.relay]: listen, cert_file, key_file, sites, max_streams,
- * so_reuseport. A shutdown drains (on_shutdown): agents are told to
+ * site_min_streams (fair_share()), so_reuseport. A shutdown drains (on_shutdown): agents are told to
  * reconnect at once (to the new process of a rolling restart), streams
  * still open are reset after DRAIN_MS.
  * Console: SHOW AGENTS, SHOW STREAMS.
@@ -55,6 +55,8 @@ static lk_plugin *me;
 struct site {
 	char name[MUX_NAME_MAX + 1];
 	uint8_t hash[32];		/* SHA-256 of the token */
+	unsigned mark;			/* fair_share(): counted in pass `mark` */
+	unsigned streams;		/* fair_share(): its streams in that pass */
 };
 
 struct agent {
@@ -86,7 +88,9 @@ static struct {
 	struct agent *agents;
 	struct stream *streams;
 	unsigned n_streams, max_streams;
-	long long refused_auth, refused_streams, refused_handshakes;
+	long long refused_auth, refused_streams, refused_handshakes, refused_share;
+	unsigned min_share;		/* site_min_streams */
+	unsigned pass;			/* fair_share() pass number */
 	struct mux_settings settings;
 	bool reuseport;			/* so_reuseport: a rolling restart binds listen again */
 	bool draining;			/* the process is shutting down */
@@ -539,6 +543,53 @@ static struct agent *site_agent(const struct site *site)
 	return NULL;
 }
 
+/*
+ * May `site` open one more stream? Over all agents the relay holds at most
+ * max_streams; each connected site is owed a share of them,
+ * max(site_min_streams, max_streams / connected sites). A site below its
+ * share may take a stream; one at or above it only while the free streams
+ * exceed what the other connected sites still lack of their shares, so a
+ * busy site can use what the others leave idle but never what they are
+ * owed. O(agents). On refusal, msg says why.
+ */
+static bool fair_share(const struct site *site, char *msg, size_t mlen)
+{
+	unsigned n_sites = 0, share, owed = 0, mine = 0;
+
+	if (++R.pass == 0)
+		R.pass = 1;
+	for (struct agent *a = R.agents; a; a = a->next) {
+		struct site *s = a->site;
+
+		if (!s || a->link.dying || !a->link.established)
+			continue;
+		if (s->mark != R.pass) {
+			s->mark = R.pass;
+			s->streams = 0;
+			n_sites++;
+		}
+		s->streams += a->n_streams;
+	}
+	share = R.max_streams / (n_sites ? n_sites : 1);
+	if (share < R.min_share)
+		share = R.min_share;
+	for (int i = 0; i < R.n_sites; i++) {
+		struct site *s = &R.sites[i];
+
+		if (s->mark != R.pass)
+			continue;
+		if (s == site)
+			mine = s->streams;
+		else if (s->streams < share)
+			owed += share - s->streams;
+	}
+	if (mine < share || R.max_streams - R.n_streams > owed)
+		return true;
+	snprintf(msg, mlen, "site \"%s\" holds %u streams, its fair share of max_streams (%u) with %u sites connected",
+		 site->name, mine, R.max_streams, n_sites);
+	return false;
+}
+
 static int tunnel_connect(lk_plugin *self, lk_connect *req)
 {
 	const char *site_name = api->connect_host(req);
@@ -576,6 +627,13 @@ static int tunnel_connect(lk_plugin *self, lk_connect *req)
 		snprintf(msg, sizeof(msg), "the relay is at max_streams (%u)", R.max_streams);
 		api->log(me, LK_LOG_WARNING, "relay: stream to site \"%s\" refused: max_streams (%u) reached",
 			 site->name, R.max_streams);
+		api->connect_failed(req, msg);
+		return LK_ERROR;
+	}
+	if (!api->connect_is_cancel(req) && !fair_share(site, msg, sizeof(msg))) {
+		if (R.refused_share++ % 1000 == 0)
+			api->log(me, LK_LOG_WARNING, "relay: stream refused: %s (%lld refused so far)", msg,
+				 R.refused_share);
 		api->connect_failed(req, msg);
 		return LK_ERROR;
 	}
@@ -642,6 +700,8 @@ static int on_config_check(lk_plugin *self, lk_event *ev)
 		return api->config_error(ev, "sites", "%s", why);
 	if (!parse_max_streams(api->config_get(ev, "max_streams"), &ms))
 		return api->config_error(ev, "max_streams", "must be a number 1..%d", MUX_MAX_STREAMS_CAP);
+	if (!parse_max_streams(api->config_get(ev, "site_min_streams"), &ms))
+		return api->config_error(ev, "site_min_streams", "must be a number 1..%d", MUX_MAX_STREAMS_CAP);
 	if (!parse_listen(api->config_get(ev, "listen"), &ss, &len))
 		return api->config_error(ev, "listen", "must be a numeric ADDRESS:PORT (127.0.0.1:7000, [::1]:7000)");
 	if (!parse_bool(api->config_get(ev, "so_reuseport"), &reuse))
@@ -687,6 +747,7 @@ static int on_config_apply(lk_plugin *self, lk_event *ev)
 		R.n_sites = n;
 	}
 	parse_max_streams(api->config_get(ev, "max_streams"), &R.max_streams);
+	parse_max_streams(api->config_get(ev, "site_min_streams"), &R.min_share);
 	if (!R.ctx) {
 		R.ctx = make_ctx(api->config_get(ev, "cert_file"), api->config_get(ev, "key_file"), why, sizeof(why));
 		if (!R.ctx)
@@ -863,13 +924,14 @@ static void metric_agents(lk_plugin *self, lk_metrics *m, void *arg)
 static void metric_refused(lk_plugin *self, lk_metrics *m, void *arg)
 {
 	const char *auth[] = { "reason", "token", NULL }, *streams[] = { "reason", "max_streams", NULL },
-		   *hs[] = { "reason", "handshakes", NULL };
+		   *hs[] = { "reason", "handshakes", NULL }, *share[] = { "reason", "fair_share", NULL };
 
 	(void)self;
 	(void)arg;
 	api->metric_sample(m, auth, (double)R.refused_auth);
 	api->metric_sample(m, streams, (double)R.refused_streams);
 	api->metric_sample(m, hs, (double)R.refused_handshakes);
+	api->metric_sample(m, share, (double)R.refused_share);
 }
 
 /* ================= init ================= */
@@ -879,6 +941,7 @@ static int relay_init(lk_plugin *self, const lk_api *a)
 	api = a;
 	me = self;
 	R.max_streams = MUX_MAX_STREAMS_DEFAULT;
+	R.min_share = 64;
 	tlink_settings(&R.settings);
 	if (a->transport_register(self, "tunnel", tunnel_connect) != 0 ||
 	    a->hook(self, LK_HOOK_CONFIG_CHECK, on_config_check, 0) != 0 ||
@@ -889,6 +952,8 @@ static int relay_init(lk_plugin *self, const lk_api *a)
 	    a->config_declare(self, "sites", "",
 			      "SITE:SHA256HEX, ...: each site's agent token, as the SHA-256 of the token in hex") != 0 ||
 	    a->config_declare(self, "max_streams", "2048", "most tunnel streams over all agents") != 0 ||
+	    a->config_declare(self, "site_min_streams", "64",
+			      "each connected site's fair share of max_streams is at least this many") != 0 ||
 	    a->config_declare(self, "so_reuseport", "0",
 			      "1: bind listen with SO_REUSEPORT, so a new process can take over (rolling restart)") != 0 ||
 	    a->console_register(self, "SHOW AGENTS", 0, cmd_agents, "agents connected to the relay") != 0 ||
@@ -902,7 +967,7 @@ static int relay_init(lk_plugin *self, const lk_api *a)
 	     a->metric_register(self, "streams", LK_METRIC_GAUGE, "open tunnel streams, per site", metric_agents,
 				(void *)1) != 0 ||
 	     a->metric_register(self, "refused", LK_METRIC_COUNTER,
-				"agents refused (token), streams refused (max_streams), connections closed (handshakes)",
+				"agents refused (token), streams refused (max_streams, fair_share), connections closed (handshakes)",
 				metric_refused, NULL) != 0)) {
 		a->init_error(self, "metric registration failed");
 		return -1;

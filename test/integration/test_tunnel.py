@@ -85,6 +85,7 @@ class Tunnel:
         return {"org_a": f"transport=tunnel site=acme dbname={DB} pool_mode=transaction pool_size=5",
                "org_a_session": f"transport=tunnel host=acme dbname={DB}",   # host= is an alias of site=
                "org_b": f"transport=tunnel site=beta dbname={DB} pool_mode=transaction",
+               "org_b_session": f"transport=tunnel site=beta dbname={DB}",
                "org_a_nodb": "transport=tunnel host=acme dbname=p0 pool_mode=transaction",
                "org_a_p2": "transport=tunnel host=acme dbname=p2 pool_mode=transaction"}
 

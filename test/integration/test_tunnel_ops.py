@@ -8,7 +8,7 @@ import re
 import signal
 
 from lokadb_harness import SLOW, Wire, wait_until
-from test_tunnel import DB, USER, Tunnel, certs, tunnel  # noqa: F401 -- fixtures
+from test_tunnel import DB, OTHER_TOKEN, USER, Tunnel, certs, query_error, tunnel  # noqa: F401 -- fixtures
 
 REUSE = "so_reuseport = 1\n"
 
@@ -105,3 +105,43 @@ def test_agent_with_an_unresolvable_relay_name_says_so_and_keeps_trying(bouncer_
     t.agent.write_ini(raw=bad)
     res = t.agent.admin_result("RELOAD")
     assert res.error is not None and "neither a numeric address nor a host name" in str(res.error), res.error
+
+
+def test_a_busy_site_gets_its_fair_share_and_a_killed_agent_fails_only_its_site(bouncer_factory, pg, certs):
+    t = Tunnel(bouncer_factory, pg, certs)
+    t.start_relay(max_streams=6, extra="site_min_streams = 1\n")    # 2 sites connected: 3 each
+    t.start_agent()
+    beta = bouncer_factory(settings={"plugins": "agent"}, raw=t.agent_raw(token=OTHER_TOKEN, site="beta"))
+    t.wait_connected(agent=beta, site="beta")
+    held = []
+    for _ in range(3):                                   # session mode: each client holds a stream
+        c = t.connect("org_a_session")
+        c.execute("select 1")
+        held.append(c)
+    # a pool with no server of its own gets the refusal at once (one that has servers
+    # waits for one of them, up to query_wait_timeout, as for any failed connect)
+    err = query_error(t.relay, "org_a")
+    assert err.sqlstate == "08001", err.fields
+    assert 'site "acme" holds 3 streams, its fair share of max_streams (6) with 2 sites connected' in str(err), \
+        str(err)
+    t.relay.wait_log(r'relay: stream refused: site "acme" holds 3 streams')
+    for _ in range(3):                                   # what acme may not take is still there for beta
+        c = t.connect("org_b_session")
+        c.execute("select 1")
+        held.append(c)
+    err = query_error(t.relay, "org_b")
+    assert "the relay is at max_streams (6)" in str(err), str(err)
+    for c in held[3:]:
+        c.close()
+    beta.stop(signal.SIGKILL)                            # beta gone: acme may use all six
+    wait_until(lambda: not any(r["site"] == "beta" for r in t.relay.admin_dicts("SHOW AGENTS")),
+               10 * SLOW, what="the relay to notice beta is gone")
+    err = query_error(t.relay, "org_b")                  # the killed agent fails its own site only
+    assert 'no agent of site "beta" is connected' in str(err) and err.sqlstate == "08001", str(err)
+    assert held[0].execute("select 2").fetchone()[0] == 2
+    more = [t.connect("org_a", autocommit=False) for _ in range(3)]   # org_a_session has pool_size 5
+    for c in more:
+        assert c.execute("select 1").fetchone()[0] == 1                # a transaction holds its stream
+    assert sum(r["site"] == "acme" for r in t.relay.admin_dicts("SHOW STREAMS")) == 6
+    for c in held[:3] + more:
+        c.close()
