@@ -4,8 +4,12 @@ shutdown (agents told GOAWAY RELAY_RESTART reconnect at once, to the new
 process of a rolling restart; streams still open are reset after 5 s), so a
 proxy in front of the relay keeps working across a relay restart."""
 
+import os
 import re
 import signal
+import socket
+import ssl
+import time
 
 from lokadb_harness import SLOW, Wire, wait_until
 from test_tunnel import DB, OTHER_TOKEN, USER, Tunnel, certs, query_error, tunnel  # noqa: F401 -- fixtures
@@ -145,3 +149,96 @@ def test_a_busy_site_gets_its_fair_share_and_a_killed_agent_fails_only_its_site(
     assert sum(r["site"] == "acme" for r in t.relay.admin_dicts("SHOW STREAMS")) == 6
     for c in held[:3] + more:
         c.close()
+
+
+def read_until_closed(sock, timeout):
+    """Everything the peer sends until it closes (bounded)."""
+    sock.settimeout(timeout)
+    got = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except (ConnectionResetError, ssl.SSLError):
+            return got
+        if not chunk:
+            return got
+        got += chunk
+        assert len(got) < 1 << 20
+
+
+def test_garbage_on_the_relay_port_is_refused_and_logged(tunnel):
+    port = tunnel.relay_port
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:    # not even TLS
+        s.sendall(b"GET / HTTP/1.1\r\nHost: relay\r\n\r\n" + os.urandom(512))
+        read_until_closed(s, 5 * SLOW)
+    tunnel.relay.wait_log(r"relay: TLS with 127\.0\.0\.1:\d+ failed", timeout=5)
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:    # TLS, then no preface
+        with ctx.wrap_socket(raw) as s:
+            assert s.version() == "TLSv1.3"
+            s.sendall(os.urandom(4096))
+            read_until_closed(s, 5 * SLOW)
+    tunnel.relay.wait_log(r"relay: session of agent 127\.0\.0\.1:\d+ \(site \"\"\) failed: PROTOCOL", timeout=5)
+
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:    # TLS, then silence
+        with ctx.wrap_socket(raw) as s:
+            assert read_until_closed(s, 15 * SLOW) == b""                     # the 10 s HELLO deadline
+    tunnel.relay.wait_log(r"relay: 127\.0\.0\.1:\d+ sent no valid HELLO within 10 s", timeout=5)
+
+    rows = tunnel.relay.admin_dicts("SHOW AGENTS")
+    assert [r["site"] for r in rows] == ["acme"], rows                       # the agent was not disturbed
+    with tunnel.connect() as c:
+        assert c.execute("select 1").fetchone()[0] == 1
+
+
+def test_a_slow_reader_of_copy_to_stdout_stalls_the_stream_then_gets_every_row(bouncer_factory, pg, certs,
+                                                                              monkeypatch):
+    """Window exhaustion: 64 KiB stream windows, a client that asks COPY TO
+    STDOUT for 40 MB and reads nothing. The stream stops at its window plus
+    the buffers after it (the backend waits in ClientWrite), other clients go
+    on, and once the client reads, credit flows again and every row comes."""
+    monkeypatch.setenv("LOKADB_MUX_WINDOW_KB", "64")
+    t = Tunnel(bouncer_factory, pg, certs)
+    t.start_relay()
+    t.start_agent()
+    rows, width = 40000, 1000
+    w = t.relay.wire(5.0)
+    w.login(USER, "org_a_session")
+    w.send_msg(b"Q", f"copy (select repeat('x', {width}) from generate_series(1, {rows})) to stdout\0".encode())
+
+    def stalled_in_client_write():
+        return pg.sql("select 1 from pg_stat_activity where wait_event = 'ClientWrite' "
+                      "and query like 'copy (select repeat%'")
+    wait_until(stalled_in_client_write, 10 * SLOW, what="the backend to block on its client")
+
+    def copy_stream_bytes():                             # the stream that has carried the most
+        return max(int(r["bytes_in"]) for r in t.relay.admin_dicts("SHOW STREAMS") if r["site"] == "acme")
+    samples = [copy_stream_bytes()]
+
+    def settled():                                       # the buffers after the window filled up
+        time.sleep(0.3)
+        samples.append(copy_stream_bytes())
+        return samples[-1] == samples[-2]
+    wait_until(settled, 20 * SLOW, interval=0, what="the stream to stop")
+    with t.connect() as c:                               # another stream of the session is not held up
+        assert c.execute("select 42").fetchone()[0] == 42
+    time.sleep(0.5)
+    assert copy_stream_bytes() == samples[-1]
+    assert samples[-1] < 16 * 1024 * 1024, samples      # far below the 40 MB asked for
+
+    got = 0
+    while True:
+        typ, payload = w.read_msg(timeout=30)
+        if typ == b"d":
+            got += len(payload)
+        elif typ == b"C":
+            assert payload.rstrip(b"\0") == f"COPY {rows}".encode()
+        elif typ == b"Z":
+            break
+        else:
+            assert typ in (b"H", b"c"), (typ, payload[:200])   # CopyOutResponse, CopyDone
+    assert got == rows * (width + 1)
+    w.close()
