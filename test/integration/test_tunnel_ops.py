@@ -11,6 +11,9 @@ import socket
 import ssl
 import time
 
+import psycopg
+import pytest
+
 from lokadb_harness import SLOW, Wire, wait_until
 from test_tunnel import DB, OTHER_TOKEN, USER, Tunnel, certs, query_error, tunnel  # noqa: F401 -- fixtures
 
@@ -242,3 +245,31 @@ def test_a_slow_reader_of_copy_to_stdout_stalls_the_stream_then_gets_every_row(b
             assert typ in (b"H", b"c"), (typ, payload[:200])   # CopyOutResponse, CopyDone
     assert got == rows * (width + 1)
     w.close()
+
+
+def test_half_close_delivers_the_last_bytes_both_ways(tunnel, pg):
+    """The database closes first: its last message (a FATAL) comes before the
+    FIN, the core reads it and closes its end, both FINs close the stream
+    cleanly. The pool closes first: its Terminate reaches the backend, which
+    exits; nothing is left open on either end."""
+    def no_streams():
+        return (not [r for r in tunnel.relay.admin_dicts("SHOW STREAMS") if r["site"] == "acme"]
+                and tunnel.agent_row()["streams"] == "0")
+
+    c = tunnel.connect("org_a_session")
+    pid = c.execute("select pg_backend_pid()").fetchone()[0]
+    with pytest.raises(psycopg.OperationalError) as ei:
+        c.execute("select pg_terminate_backend(pg_backend_pid())")
+    assert "terminating connection due to administrator command" in str(ei.value), str(ei.value)
+    c.close()
+    wait_until(no_streams, 5 * SLOW, what="the stream to close")
+    assert not pg.sql(f"select 1 from pg_stat_activity where pid = {pid}")
+
+    c = tunnel.connect("org_a_session")
+    pid = c.execute("select pg_backend_pid()").fetchone()[0]
+    tunnel.relay.admin("KILL org_a_session")             # the pool closes the server connection
+    wait_until(lambda: not pg.sql(f"select 1 from pg_stat_activity where pid = {pid}"), 5 * SLOW,
+               what="the backend to get the Terminate and exit")
+    wait_until(no_streams, 5 * SLOW, what="the stream to close")
+    c.close()
+    assert "RST" not in tunnel.agent.log() and "CANCEL" not in tunnel.relay.log()
