@@ -4,11 +4,14 @@ shutdown (agents told GOAWAY RELAY_RESTART reconnect at once, to the new
 process of a rolling restart; streams still open are reset after 5 s), so a
 proxy in front of the relay keeps working across a relay restart."""
 
+import asyncio
 import os
 import re
+import resource
 import signal
 import socket
 import ssl
+import struct
 import time
 
 import psycopg
@@ -273,3 +276,118 @@ def test_half_close_delivers_the_last_bytes_both_ways(tunnel, pg):
     wait_until(no_streams, 5 * SLOW, what="the stream to close")
     c.close()
     assert "RST" not in tunnel.agent.log() and "CANCEL" not in tunnel.relay.log()
+
+
+# ------------------------------------------------------------ 2048 streams --
+
+def pg_msg(typ, payload=b""):
+    return typ + struct.pack("!I", len(payload) + 4) + payload
+
+
+async def fake_server(reader, writer, conns):
+    """Just enough of a PostgreSQL server for a pooler's login and `select`:
+    trust, then ReadyForQuery; every Query gets CommandComplete."""
+    try:
+        (n,) = struct.unpack("!I", await reader.readexactly(4))
+        await reader.readexactly(n - 4)
+        out = pg_msg(b"R", struct.pack("!I", 0))
+        for k, v in (("server_version", "15.0"), ("client_encoding", "UTF8"), ("DateStyle", "ISO, MDY"),
+                     ("integer_datetimes", "on"), ("standard_conforming_strings", "on")):
+            out += pg_msg(b"S", k.encode() + b"\0" + v.encode() + b"\0")
+        out += pg_msg(b"K", struct.pack("!II", len(conns) + 1, 7)) + pg_msg(b"Z", b"I")
+        writer.write(out)
+        conns.append(writer)
+        while True:
+            typ = await reader.readexactly(1)
+            (n,) = struct.unpack("!I", await reader.readexactly(4))
+            await reader.readexactly(n - 4)
+            if typ == b"X":
+                break
+            if typ == b"Q":
+                writer.write(pg_msg(b"C", b"SELECT 0\0") + pg_msg(b"Z", b"I"))
+    except (asyncio.IncompleteReadError, ConnectionError):
+        pass
+    finally:
+        writer.close()
+
+
+async def login(port, db):
+    """A client logged in to db (session mode: it holds its server); or the error."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    params = b"user\0" + USER.encode() + b"\0database\0" + db.encode() + b"\0\0"
+    writer.write(struct.pack("!II", 8 + len(params), 196608) + params)
+    while True:
+        typ = await reader.readexactly(1)
+        (n,) = struct.unpack("!I", await reader.readexactly(4))
+        payload = await reader.readexactly(n - 4)
+        if typ == b"E":
+            writer.close()
+            return None, payload
+        if typ == b"Z":
+            return (reader, writer), None
+
+
+async def select(conn):
+    reader, writer = conn
+    writer.write(pg_msg(b"Q", b"select\0"))
+    tags = []
+    while True:
+        typ = await reader.readexactly(1)
+        (n,) = struct.unpack("!I", await reader.readexactly(4))
+        payload = await reader.readexactly(n - 4)
+        if typ == b"C":
+            tags.append(payload)
+        if typ == b"Z":
+            return tags
+
+
+def test_2048_streams_on_one_session(bouncer_factory, pg, certs):
+    """max_streams (2048) server connections, each a stream of one agent
+    session, to a small fake server (PostgreSQL would need 2048 backends):
+    all log in and answer, the 2049th is refused at once, and closing them
+    leaves no stream behind."""
+    n = 2048
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2 * n + 200:
+        pytest.skip(f"needs {2 * n + 200} file descriptors, the hard limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 3 * n)), hard))
+    t = Tunnel(bouncer_factory, pg, certs)
+
+    async def run():
+        conns = []
+        server = await asyncio.start_server(lambda r, w: fake_server(r, w, conns), "127.0.0.1", 0, backlog=n)
+        fake_port = server.sockets[0].getsockname()[1]
+        dbs = t.relay_databases()
+        dbs["fake"] = f"transport=tunnel site=acme dbname=fake pool_size={n + 10}"
+        t.relay = bouncer_factory(settings={"plugins": "relay", "max_client_conn": n + 100},
+                                  databases=dbs, raw=t.relay_raw())
+        raw = t.agent_raw(max_conns=n).replace("databases = ", f"databases = fake:host=127.0.0.1 port={fake_port}, ")
+        t.agent = bouncer_factory(settings={"plugins": "agent"}, raw=raw)
+        await asyncio.to_thread(t.wait_connected)
+        clients = []
+        for i in range(0, n, 128):                       # 128 clients in flight at a time
+            got = await asyncio.wait_for(asyncio.gather(*[login(t.relay.port, "fake") for _ in range(128)]),
+                                         30 * SLOW)
+            errs = [e for _, e in got if e is not None]
+            assert not errs, errs[:3]
+            batch = [c for c, _ in got]
+            tags = await asyncio.wait_for(asyncio.gather(*[select(c) for c in batch]), 30 * SLOW)
+            assert all(tg == [b"SELECT 0\0"] for tg in tags)    # session mode: each keeps its server
+            clients += batch
+        assert len(conns) == n
+        rows = await asyncio.to_thread(t.relay.admin_dicts, "SHOW AGENTS")
+        assert [int(r["streams"]) for r in rows if r["site"] == "acme"] == [n], rows
+        c, err = await asyncio.wait_for(login(t.relay.port, "org_a"), 10 * SLOW)   # a pool with no server
+        assert c is None and b"the relay is at max_streams (2048)" in err, err
+        tags = await asyncio.wait_for(asyncio.gather(*[select(c) for c in clients[::16]]), 30 * SLOW)
+        assert all(tg == [b"SELECT 0\0"] for tg in tags)
+        for r, w in clients:
+            w.close()
+        await asyncio.to_thread(t.relay.admin, "KILL fake")
+        await asyncio.to_thread(wait_until, lambda: not t.relay.admin_dicts("SHOW STREAMS"), 20 * SLOW,
+                                what="every stream to close")
+        server.close()
+        return conns
+
+    asyncio.run(run())
+    assert t.agent_row()["streams"] == "0"
