@@ -98,8 +98,8 @@ TOOLS = $(patsubst test/tools/%.c,$(BUILD)/tools/%,$(TOOL_SRCS))
 $(BUILD)/tools/%: test/tools/%.c config.mk
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(LDFLAGS) $(DEP_LIBS)
-# mux_bench drives the tunnel multiplexer over TCP: it compiles the mux sources in.
-$(BUILD)/tools/mux_bench: test/tools/mux_bench.c $(MUX_SRCS) $(MUX_HDRS) config.mk
+# mux_bench and tunnel_hello speak the tunnel's protocol: they compile the mux sources in.
+$(BUILD)/tools/mux_bench $(BUILD)/tools/tunnel_hello: $(BUILD)/tools/%: test/tools/%.c $(MUX_SRCS) $(MUX_HDRS) config.mk
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -I$(MUX_DIR) -o $@ $< $(MUX_SRCS) $(LDFLAGS) $(DEP_LIBS)
 test-tools: $(TOOLS)

@@ -1,8 +1,12 @@
 # SPDX-License-Identifier: ISC
-"""Operating the tunnel (doc/tunnel.md, "Operations"): the relay drains at
-shutdown (agents told GOAWAY RELAY_RESTART reconnect at once, to the new
-process of a rolling restart; streams still open are reset after 5 s), so a
-proxy in front of the relay keeps working across a relay restart."""
+"""Operating the tunnel (doc/tunnel.md): the relay drains at shutdown
+(agents told GOAWAY RELAY_RESTART reconnect at once, to the new process of a
+rolling restart; streams still open are reset after 5 s), so a proxy in
+front of the relay keeps working across a relay restart; the agent resolves
+the relay's name; each site gets a fair share of max_streams and a killed
+agent fails only its site; and the hostile or heavy cases of the test
+matrix: garbage on the relay port, a slow reader at the window, half-close
+both ways, 2048 streams on one session, a replayed proof."""
 
 import asyncio
 import os
@@ -12,13 +16,15 @@ import signal
 import socket
 import ssl
 import struct
+import subprocess
 import time
 
 import psycopg
 import pytest
 
-from lokadb_harness import SLOW, Wire, wait_until
-from test_tunnel import DB, OTHER_TOKEN, USER, Tunnel, certs, query_error, tunnel  # noqa: F401 -- fixtures
+from lokadb_harness import HERE, SLOW, Wire, wait_until
+from test_tunnel import (DB, OTHER_TOKEN, TOKEN, USER, Tunnel, certs,  # noqa: F401 -- certs, tunnel: fixtures
+                         query_error, tunnel)
 
 REUSE = "so_reuseport = 1\n"
 
@@ -391,3 +397,30 @@ def test_2048_streams_on_one_session(bouncer_factory, pg, certs):
 
     asyncio.run(run())
     assert t.agent_row()["streams"] == "0"
+
+
+# ------------------------------------------------------------ replayed proof --
+
+TOOLS_DIR = os.environ.get("LOKADB_TOOLS_DIR") or str((HERE / "../../build/rel/tools").resolve())
+
+
+def tunnel_hello(port, *args):
+    tool = os.path.join(TOOLS_DIR, "tunnel_hello")
+    assert os.path.exists(tool), f"{tool}: run `make test-tools`"
+    return subprocess.run([tool, "127.0.0.1", str(port), *args], capture_output=True, text=True,
+                          timeout=30 * SLOW)
+
+
+def test_a_replayed_proof_is_refused(bouncer_factory, pg, certs):
+    """A proof binds the token to one TLS connection (the exporter): the
+    proof of an accepted session, sent on another connection, is refused."""
+    t = Tunnel(bouncer_factory, pg, certs)
+    t.start_relay()
+    ok = tunnel_hello(t.relay_port, "acme", TOKEN)       # the tool's own proof is good
+    assert ok.returncode == 0 and ok.stdout == "accepted\n", ok
+    r = tunnel_hello(t.relay_port, "acme", TOKEN, "replay")
+    assert r.stdout == "A: accepted\nB: refused UNAUTHORIZED\n", r
+    assert r.returncode == 0, r
+    t.relay.wait_log(r'relay: agent 127\.0\.0\.1:\d+ refused: bad token for site "acme"')
+    bad = tunnel_hello(t.relay_port, "acme", "not-the-token-of-acme-0123456789")
+    assert bad.stdout == "refused UNAUTHORIZED\n", bad
