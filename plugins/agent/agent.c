@@ -92,6 +92,7 @@ static struct {
 	struct conf c;
 	bool configured;
 	bool resolving;			/* the relay's name is being resolved */
+	bool shutting_down;		/* dial no more */
 	SSL_CTX *ctx;
 	struct session *sessions;	/* sessions[0] newest when connected */
 	struct session *cur;		/* the session that takes new work */
@@ -868,7 +869,7 @@ static void relay_resolved(lk_plugin *self, void *arg, const struct sockaddr *sa
 	(void)self;
 	(void)arg;
 	A.resolving = false;
-	if (!A.configured || !A.ctx)
+	if (!A.configured || !A.ctx || A.shutting_down)
 		return;
 	if (!sa) {
 		snprintf(A.last_error, sizeof(A.last_error), "cannot resolve relay %s: %s", A.c.relay_host, error);
@@ -902,7 +903,7 @@ static void schedule_dial(uint64_t delay_ms)
 {
 	struct timeval tv = { (time_t)(delay_ms / 1000), (suseconds_t)(delay_ms % 1000 * 1000) };
 
-	if (!A.redial || evtimer_pending(A.redial, NULL))
+	if (!A.redial || evtimer_pending(A.redial, NULL) || A.shutting_down)
 		return;
 	A.next_dial_ms = now_ms() + delay_ms;
 	evtimer_add(A.redial, &tv);
@@ -973,6 +974,37 @@ static int on_config_apply(lk_plugin *self, lk_event *ev)
 		if (A.redial)
 			evtimer_del(A.redial);
 		schedule_dial(0);
+	}
+	return LK_CONTINUE;
+}
+
+/* ================= shutdown ================= */
+
+/*
+ * The process is shutting down: dial no more, and tell the relay (GOAWAY
+ * naming the last stream we accepted) so it opens no new stream here and
+ * its clients learn at once that the site has no agent; the streams open
+ * go on until the process exits.
+ */
+static int on_shutdown(lk_plugin *self, lk_event *ev)
+{
+	(void)self;
+	(void)ev;
+	A.shutting_down = true;
+	A.cur = NULL;
+	if (A.redial)
+		evtimer_del(A.redial);
+	if (A.resolving)
+		api->resolve_cancel(me, &A);
+	A.resolving = false;
+	for (struct session *x = A.sessions; x; x = x->next) {
+		if (x->link.dying)
+			continue;
+		if (x->link.established)
+			mux_goaway(x->link.s, MUX_NO_ERROR, 0, "the agent is shutting down");
+		if (!x->link.established || mux_stream_count(x->link.s) == 0)
+			x->link.close_when_flushed = true;
+		tlink_flush(&x->link);
 	}
 	return LK_CONTINUE;
 }
@@ -1075,6 +1107,8 @@ static int agent_init(lk_plugin *self, const lk_api *a)
 		a->init_error(self, "registration failed");
 		return -1;
 	}
+	if (a->hook(self, LK_HOOK_SHUTDOWN, on_shutdown, 0) != 0)
+		a->log(self, LK_LOG_WARNING, "agent: this lokadb has no SHUTDOWN hook (ABI 1.6): no GOAWAY at shutdown");
 	if (LK_API_HAS(a, metric_register)) {
 		static const struct { const char *name; int type; const char *help; } mt[] = {
 			{ "connected", LK_METRIC_GAUGE, "1 while a session with the relay is established" },

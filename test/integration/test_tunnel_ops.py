@@ -424,3 +424,13 @@ def test_a_replayed_proof_is_refused(bouncer_factory, pg, certs):
     t.relay.wait_log(r'relay: agent 127\.0\.0\.1:\d+ refused: bad token for site "acme"')
     bad = tunnel_hello(t.relay_port, "acme", "not-the-token-of-acme-0123456789")
     assert bad.stdout == "refused UNAUTHORIZED\n", bad
+
+
+def test_an_agent_that_shuts_down_says_goaway_first(tunnel):
+    with tunnel.connect() as c:
+        assert c.execute("select 1").fetchone()[0] == 1
+    assert tunnel.agent.stop(signal.SIGTERM), "the agent did not stop on SIGTERM"
+    tunnel.relay.wait_log(r'relay: agent of site "acme" \(127\.0\.0\.1:\d+\) is going away: NO_ERROR '
+                          r'the agent is shutting down', timeout=5)
+    err = query_error(tunnel.relay, "org_a")
+    assert 'no agent of site "acme" is connected' in str(err) and err.sqlstate == "08001", str(err)
