@@ -124,6 +124,15 @@ static void hello(struct conn *c, const char *site, const uint8_t proof[32])
 			break;
 }
 
+static void conn_close(struct conn *c)
+{
+	mux_session_free(c->s);
+	if (c->ssl)
+		SSL_free(c->ssl);
+	if (c->fd >= 0)
+		close(c->fd);
+}
+
 static void report(const char *name, const struct conn *c)
 {
 	if (c->result > 0)
@@ -134,11 +143,34 @@ static void report(const char *name, const struct conn *c)
 		printf("%sno answer\n", name);
 }
 
+/* One or two sessions as the mode says; 0 when they ended as expected. */
+static int run(SSL_CTX *ctx, struct conn *a, struct conn *b, char **argv, bool replay)
+{
+	uint8_t proof[32];
+
+	if (!tls_connect(a, ctx, argv[1], argv[2])) {
+		printf("cannot connect\n");
+		return 1;
+	}
+	proof_of(a, argv[4], proof);
+	hello(a, argv[3], proof);
+	report(replay ? "A: " : "", a);
+	if (!replay)
+		return a->result > 0 ? 0 : 1;
+	if (!tls_connect(b, ctx, argv[1], argv[2])) {
+		printf("B: cannot connect\n");
+		return 1;
+	}
+	hello(b, argv[3], proof);	/* A's proof on B's connection */
+	report("B: ", b);
+	return a->result > 0 && b->result < 0 && b->code == MUX_E_UNAUTHORIZED ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
 	SSL_CTX *ctx;
 	struct conn a = { .fd = -1 }, b = { .fd = -1 };
-	uint8_t proof[32];
+	int rc;
 	bool replay = argc == 6 && strcmp(argv[5], "replay") == 0;
 
 	if (argc != 5 && !replay) {
@@ -148,20 +180,9 @@ int main(int argc, char **argv)
 	ctx = SSL_CTX_new(TLS_client_method());
 	SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION);
 	SSL_CTX_set_verify(ctx, SSL_VERIFY_NONE, NULL);
-	if (!tls_connect(&a, ctx, argv[1], argv[2])) {
-		printf("cannot connect\n");
-		return 1;
-	}
-	proof_of(&a, argv[4], proof);
-	hello(&a, argv[3], proof);
-	report(replay ? "A: " : "", &a);
-	if (!replay)
-		return a.result > 0 ? 0 : 1;
-	if (!tls_connect(&b, ctx, argv[1], argv[2])) {
-		printf("B: cannot connect\n");
-		return 1;
-	}
-	hello(&b, argv[3], proof);	/* A's proof on B's connection */
-	report("B: ", &b);
-	return a.result > 0 && b.result < 0 && b.code == MUX_E_UNAUTHORIZED ? 0 : 1;
+	rc = run(ctx, &a, &b, argv, replay);
+	conn_close(&a);
+	conn_close(&b);
+	SSL_CTX_free(ctx);
+	return rc;
 }
