@@ -2760,8 +2760,6 @@ struct pg_conn *core_pg_conn(struct lk_pg *pg)
 	return api_pg_conn(pg);
 }
 
-/* ================= teardown ================= */
-
 /* ================= DNS (ABI 1.6) ================= */
 
 static void plugin_dns_unlink(struct plugin_dns *q)
@@ -2816,6 +2814,8 @@ static void api_resolve_cancel(lk_plugin *self, void *arg)
 		}
 	}
 }
+
+/* ================= teardown ================= */
 
 void plugins_fini(void)
 {
