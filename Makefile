@@ -37,12 +37,14 @@ all: config.mk $(BIN) plugins
 # ---- the tunnel multiplexer (plugins/tunnel/): shared code, not a plugin. The relay and agent
 # plugins compile it in (PLUGIN_EXTRA_SRCS_<name>); unit tests link MUX_OBJS, fuzz_mux its source.
 MUX_DIR = plugins/tunnel
-MUX_SRCS = $(wildcard $(MUX_DIR)/*.c)
+MUX_SRCS = $(filter-out $(TUNNEL_LINK_SRCS),$(wildcard $(MUX_DIR)/*.c))
+# link.c: the session's libevent/TLS glue, for the plugins only (the mux itself does no I/O)
+TUNNEL_LINK_SRCS = $(MUX_DIR)/link.c
 MUX_HDRS = $(wildcard $(MUX_DIR)/*.h)
 MUX_OBJS = $(patsubst $(MUX_DIR)/%.c,$(BUILD)/mux/%.o,$(MUX_SRCS))
 PLUGIN_LIBS = tunnel
-PLUGIN_EXTRA_SRCS_relay = $(MUX_SRCS)
-PLUGIN_EXTRA_SRCS_agent = $(MUX_SRCS)
+PLUGIN_EXTRA_SRCS_relay = $(MUX_SRCS) $(TUNNEL_LINK_SRCS)
+PLUGIN_EXTRA_SRCS_agent = $(MUX_SRCS) $(TUNNEL_LINK_SRCS)
 PLUGIN_EXTRA_CFLAGS_relay = -I$(MUX_DIR)
 PLUGIN_EXTRA_CFLAGS_agent = -I$(MUX_DIR)
 .SECONDARY: $(MUX_OBJS)
@@ -96,8 +98,8 @@ TOOLS = $(patsubst test/tools/%.c,$(BUILD)/tools/%,$(TOOL_SRCS))
 $(BUILD)/tools/%: test/tools/%.c config.mk
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(LDFLAGS) $(DEP_LIBS)
-# mux_bench drives the tunnel multiplexer over TCP: it compiles the mux sources in.
-$(BUILD)/tools/mux_bench: test/tools/mux_bench.c $(MUX_SRCS) $(MUX_HDRS) config.mk
+# mux_bench and tunnel_hello speak the tunnel's protocol: they compile the mux sources in.
+$(BUILD)/tools/mux_bench $(BUILD)/tools/tunnel_hello: $(BUILD)/tools/%: test/tools/%.c $(MUX_SRCS) $(MUX_HDRS) config.mk
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -I$(MUX_DIR) -o $@ $< $(MUX_SRCS) $(LDFLAGS) $(DEP_LIBS)
 test-tools: $(TOOLS)

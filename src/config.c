@@ -349,6 +349,8 @@ static const struct conn_key db_keys[] = {
 	{ "application_name", KEY_STR, DB(application_name), "", "application_name sent to the server at connect." },
 	{ "transport", KEY_STR, DB(transport), "tcp/unix",
 	  "Name of a plugin transport that opens this entry's server connections (see doc/plugins.md)." },
+	{ "site", KEY_STR, DB(host), "",
+	  "With transport=tunnel: the site whose agent carries this entry's connections (an alias of host)." },
 	{ NULL, KEY_STR, 0, NULL, NULL }
 };
 
@@ -894,8 +896,12 @@ bool config_set(struct lk_config *cf, const char *name, const char *value, char 
 static void conn_obj_clear(const struct conn_key *keys, void *obj)
 {
 	for (; keys->name; keys++) {
-		if (keys->kind == KEY_STR)
-			free(*(char **)((char *)obj + keys->offset));
+		char **field = (char **)((char *)obj + keys->offset);
+
+		if (keys->kind == KEY_STR) {
+			free(*field);
+			*field = NULL;	/* an alias names the same field */
+		}
 	}
 }
 

@@ -481,6 +481,7 @@ int plugin_route(struct client *c);
 void plugin_txn_end(struct client *c, struct server *s);
 void plugin_client_close(struct client *c);
 void plugin_server_close(struct server *s);
+void plugin_shutdown(void);		/* LK_HOOK_SHUTDOWN, once per process */
 void plugin_client_free(struct client *c);
 void plugin_server_free(struct server *s);
 bool plugin_transport_connect(struct server *s);

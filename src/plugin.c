@@ -45,7 +45,7 @@
 
 static const char *const hook_names[LK_HOOK_COUNT] = {
 	"CONFIG_CHECK", "CONFIG_APPLY", "CLIENT_STARTUP", "AUTH_LOOKUP", "QUERY",
-	"ROUTE", "TXN_END", "CLIENT_CLOSE", "SERVER_CLOSE",
+	"ROUTE", "TXN_END", "CLIENT_CLOSE", "SERVER_CLOSE", "SHUTDOWN",
 };
 
 struct lk_event {
@@ -190,8 +190,17 @@ static struct {
 	LIST_HEAD(, lk_timer) timers;
 	LIST_HEAD(, lk_pg) pgs;
 	struct lk_connect *cancels;	/* cancel connects in progress */
+	struct plugin_dns *dns;		/* api->resolve() requests in flight */
 	const char *dir;
 } P;
+
+/* One api->resolve() request: the core resolver's arg. */
+struct plugin_dns {
+	struct plugin_dns *next;
+	lk_plugin *pl;
+	lk_resolve_fn fn;
+	void *arg;
+};
 
 static const struct lk_api api_table;
 static void stmt_free(struct stmt_text *st);
@@ -1089,6 +1098,12 @@ void plugin_server_close(struct server *s)
 	}
 	if (hook_on(LK_HOOK_SERVER_CLOSE))
 		chain_notify(LK_HOOK_SERVER_CLOSE, NULL, s);
+}
+
+void plugin_shutdown(void)
+{
+	if (hook_on(LK_HOOK_SHUTDOWN))
+		chain_notify(LK_HOOK_SHUTDOWN, NULL, NULL);
 }
 
 void plugin_client_free(struct client *c)
@@ -2745,6 +2760,61 @@ struct pg_conn *core_pg_conn(struct lk_pg *pg)
 	return api_pg_conn(pg);
 }
 
+/* ================= DNS (ABI 1.6) ================= */
+
+static void plugin_dns_unlink(struct plugin_dns *q)
+{
+	for (struct plugin_dns **pp = &P.dns; *pp; pp = &(*pp)->next)
+		if (*pp == q) {
+			*pp = q->next;
+			return;
+		}
+}
+
+static void plugin_dns_cb(void *arg, const struct sockaddr *sa, socklen_t len, const char *error)
+{
+	struct plugin_dns *q = arg;
+
+	plugin_dns_unlink(q);
+	q->fn(q->pl, q->arg, sa, (int)len, sa ? NULL : (error ? error : "no address"));
+	free(q);
+}
+
+static int api_resolve(lk_plugin *self, const char *host, int port, lk_resolve_fn fn, void *arg)
+{
+	struct plugin_dns *q;
+
+	if (!self || !host || !*host || !fn || port < 0 || port > 65535 || !rt->dns)
+		return -1;
+	q = calloc(1, sizeof(*q));
+	if (!q)
+		return -1;
+	q->pl = self;
+	q->fn = fn;
+	q->arg = arg;
+	q->next = P.dns;
+	P.dns = q;
+	dns_resolve(rt->dns, host, port, plugin_dns_cb, q);	/* may answer at once */
+	return 0;
+}
+
+static void api_resolve_cancel(lk_plugin *self, void *arg)
+{
+	struct plugin_dns **pp = &P.dns;
+
+	while (*pp) {
+		struct plugin_dns *q = *pp;
+
+		if (q->pl == self && q->arg == arg) {
+			*pp = q->next;
+			dns_cancel_arg(rt->dns, q);
+			free(q);
+		} else {
+			pp = &q->next;
+		}
+	}
+}
+
 /* ================= teardown ================= */
 
 void plugins_fini(void)
@@ -2752,6 +2822,13 @@ void plugins_fini(void)
 	for (int i = rt->n_plugins - 1; i >= 0; i--)
 		if (rt->plugins[i]->desc->fini)
 			rt->plugins[i]->desc->fini(rt->plugins[i]);
+	while (P.dns) {
+		struct plugin_dns *q = P.dns;
+
+		P.dns = q->next;
+		dns_cancel_arg(rt->dns, q);
+		free(q);
+	}
 	while (!LIST_EMPTY(&P.timers))
 		timer_free(LIST_FIRST(&P.timers));
 	while (!LIST_EMPTY(&P.pgs))
@@ -2890,4 +2967,6 @@ static const struct lk_api api_table = {
 	.metric_sample = metrics_plugin_sample,
 	.query_set_var = api_query_set_var,
 	.query_on_vars = api_query_on_vars,
+	.resolve = api_resolve,
+	.resolve_cancel = api_resolve_cancel,
 };

@@ -487,6 +487,8 @@ static void close_all_clients(const char *sqlstate, const char *msg)
 
 void lokadb_shutdown(enum shutdown_mode mode)
 {
+	if (rt->shutdown == SHUT_NONE)
+		plugin_shutdown();	/* e.g. the relay tells its agents to go elsewhere */
 	if (mode == SHUT_NOW) {
 		log_info("shutting down now");
 		rt->shutdown = SHUT_NOW;

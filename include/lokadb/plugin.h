@@ -40,7 +40,7 @@ extern "C" {
 
 #define LK_PLUGIN_MAGIC 0x4c4b504cu	/* "LKPL" */
 #define LK_ABI_MAJOR 1
-#define LK_ABI_MINOR 5
+#define LK_ABI_MINOR 6
 #define LK_PLUGIN_SYMBOL "lokadb_plugin"
 
 /* Opaque handles. */
@@ -79,6 +79,7 @@ enum lk_hook {
 	LK_HOOK_TXN_END,		/* a client's transaction ended (server idle again); observer */
 	LK_HOOK_CLIENT_CLOSE,		/* observer */
 	LK_HOOK_SERVER_CLOSE,		/* observer */
+	LK_HOOK_SHUTDOWN,		/* ABI 1.6: a shutdown begins (signal or console); observer, once */
 	LK_HOOK_COUNT
 };
 
@@ -115,6 +116,9 @@ enum lk_metric_type {
  * server: outcome LK_VARS_KNOWN, LK_VARS_SENT or LK_VARS_SKIPPED; `sent`: bit
  * i set when the i-th query_set_var call of the event went in the prefix. */
 typedef void (*lk_vars_fn)(lk_plugin *self, lk_client *c, int outcome, unsigned sent, void *arg);
+struct sockaddr;
+/* An answer of api->resolve: sa (port set) and its length, or sa NULL and error. */
+typedef void (*lk_resolve_fn)(lk_plugin *self, void *arg, const struct sockaddr *sa, int len, const char *error);
 enum lk_vars_outcome {
 	LK_VARS_SKIPPED = -1,	/* a value differed but no simple Query may go here (see query_set_var) */
 	LK_VARS_KNOWN = 0,	/* the server already had every value: nothing sent */
@@ -417,6 +421,17 @@ struct lk_api {
 	 * message never reaches a server (refused, client gone). One per
 	 * plugin and event. 0 or -1. */
 	int (*query_on_vars)(lk_plugin *self, lk_event *ev, lk_vars_fn fn, void *arg);
+
+	/* ---- ABI 1.6 ---- */
+	/* Resolve `host` (a name or a numeric address) to one address with
+	 * the core's resolver: c-ares on the loop, the dns_* settings and the
+	 * cache SHOW DNS_HOSTS lists. fn(self, arg, sa, len, error) is called
+	 * exactly once, on the loop, maybe before resolve() returns (numeric
+	 * or cached); sa carries `port`. 0, or -1 (bad arguments: fn is not
+	 * called). */
+	int (*resolve)(lk_plugin *self, const char *host, int port, lk_resolve_fn fn, void *arg);
+	/* Drop the answers still pending for arg: their fn is not called. */
+	void (*resolve_cancel)(lk_plugin *self, void *arg);
 };
 
 #ifdef __cplusplus

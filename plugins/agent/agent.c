@@ -16,7 +16,7 @@
  */
 #include <lokadb/plugin.h>
 
-#include "mux.h"
+#include "link.h"
 
 #include <errno.h>
 #include <event2/buffer.h>
@@ -41,10 +41,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define TUNNEL_EXPORTER_LABEL "EXPORTER-Channel-Binding"
-#define PROOF_LEN 32
-#define OUT_LOW_WATER (256 * 1024)
-#define DB_READ_HIGH (256 * 1024)
 #define BACKOFF_BASE_MS 250
 #define BACKOFF_CAP_MS 30000
 #define CONNECT_DEADLINE_MS 15000
@@ -66,7 +62,10 @@ struct conf {
 	char relay[192], site[MUX_NAME_MAX + 1], token[256], relay_ca[1024], relay_name[256];
 	uint8_t pin[32];
 	bool has_pin;
-	struct sockaddr_storage relay_ss;
+	char relay_host[128];		/* relay's HOST */
+	int relay_port;
+	bool relay_is_name;		/* resolved before each dial (api->resolve) */
+	struct sockaddr_storage relay_ss;	/* a numeric relay's address */
 	int relay_sslen;
 	struct target *dbs;
 	int n_dbs;
@@ -74,30 +73,26 @@ struct conf {
 };
 
 struct session {
-	struct bufferevent *bev;
-	struct mux_session *s;
-	struct event *tick;
-	uint64_t started_ms;
+	struct tlink link;		/* TLS connection and mux session */
 	time_t since;
-	bool dying, close_when_flushed, established, tls_up;
 	struct session *next;
 };
 
 struct stream {
+	struct tlink_stream ts;		/* first (tlink_cb_*): the database connection, ready once connected */
 	struct session *ss;
-	uint32_t id;
-	struct bufferevent *db;
 	const struct target *t;
-	bool connected, db_eof, fin_in, in_connect, connect_failed;
+	bool in_connect, connect_failed;
 	bool checked;			/* the first packet (startup or cancel) passed the allow-list */
 	struct evbuffer *head;		/* that packet while it is incomplete */
-	long long bytes_in, bytes_out;
 	struct stream *next;
 };
 
 static struct {
 	struct conf c;
 	bool configured;
+	bool resolving;			/* the relay's name is being resolved */
+	bool shutting_down;		/* dial no more */
 	SSL_CTX *ctx;
 	struct session *sessions;	/* sessions[0] newest when connected */
 	struct session *cur;		/* the session that takes new work */
@@ -118,17 +113,6 @@ static uint64_t now_ms(void)
 
 /* ================= settings ================= */
 
-static int hexval(int c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
 static bool numeric_addr(const char *host, int port, struct sockaddr_storage *ss, int *len)
 {
 	struct addrinfo hints, *ai = NULL;
@@ -146,7 +130,30 @@ static bool numeric_addr(const char *host, int port, struct sockaddr_storage *ss
 	return true;
 }
 
-/* "HOST:PORT" (numeric; [v6]:port) */
+/* A DNS name: letters, digits, '-', '.', 1..253 characters, no empty label. */
+static bool host_name_ok(const char *h)
+{
+	size_t n = strlen(h), label = 0;
+
+	if (n == 0 || n > 253)
+		return false;
+	for (const char *p = h; *p; p++) {
+		if (*p == '.') {
+			if (label == 0)
+				return false;
+			label = 0;
+		} else if ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+			   *p == '-') {
+			if (++label > 63)
+				return false;
+		} else {
+			return false;
+		}
+	}
+	return true;
+}
+
+/* "HOST:PORT" ([v6]:port) */
 static bool parse_hostport(const char *v, char *host, size_t hlen, int *port)
 {
 	const char *colon = v ? strrchr(v, ':') : NULL;
@@ -265,11 +272,23 @@ static bool parse_conf(lk_event *ev, struct conf *c, const char **bad_key, char 
 	memset(c, 0, sizeof(*c));
 	v = api->config_get(ev, "relay");
 	*bad_key = "relay";
-	if (!v || !parse_hostport(v, host, sizeof(host), &port) ||
-	    !numeric_addr(host, port, &c->relay_ss, &c->relay_sslen)) {
-		snprintf(why, wlen, "must be a numeric ADDRESS:PORT (the agent does not resolve names yet)");
+	if (!v || !parse_hostport(v, host, sizeof(host), &port)) {
+		snprintf(why, wlen, "must be HOST:PORT (a name, an IPv4 address or [IPv6])");
 		return false;
 	}
+	if (!numeric_addr(host, port, &c->relay_ss, &c->relay_sslen)) {
+		if (!host_name_ok(host)) {
+			snprintf(why, wlen, "\"%s\" is neither a numeric address nor a host name", host);
+			return false;
+		}
+		if (!LK_API_HAS(api, resolve)) {
+			snprintf(why, wlen, "this lokadb cannot resolve names for plugins (ABI 1.6): use an address");
+			return false;
+		}
+		c->relay_is_name = true;
+	}
+	snprintf(c->relay_host, sizeof(c->relay_host), "%s", host);
+	c->relay_port = port;
 	snprintf(c->relay, sizeof(c->relay), "%s", v);
 	*bad_key = "site";
 	v = api->config_get(ev, "site");
@@ -291,17 +310,9 @@ static bool parse_conf(lk_event *ev, struct conf *c, const char **bad_key, char 
 		const char *p = v;
 		if (strncmp(p, "sha256:", 7) == 0)
 			p += 7;
-		if (strlen(p) != 64) {
+		if (!tlink_hex32(p, strlen(p), c->pin)) {
 			snprintf(why, wlen, "must be the SHA-256 of the relay's public key (SPKI), 64 hex digits");
 			return false;
-		}
-		for (int i = 0; i < 32; i++) {
-			int hi = hexval(p[2 * i]), lo = hexval(p[2 * i + 1]);
-			if (hi < 0 || lo < 0) {
-				snprintf(why, wlen, "must be 64 hex digits");
-				return false;
-			}
-			c->pin[i] = (uint8_t)(hi << 4 | lo);
 		}
 		c->has_pin = true;
 	}
@@ -357,8 +368,6 @@ static SSL_CTX *make_ctx(const struct conf *c, char *why, size_t wlen)
 
 /* ================= sessions ================= */
 
-static void session_flush(struct session *x);
-static void session_kill(struct session *x, const char *why);
 static void schedule_dial(uint64_t delay_ms);
 
 static void stream_free(struct stream *st)
@@ -368,67 +377,19 @@ static void stream_free(struct stream *st)
 			*pp = st->next;
 			break;
 		}
-	if (st->db)
-		bufferevent_free(st->db);
+	tlink_stream_close(&st->ts, MUX_E_CANCEL);
 	if (st->head)
 		evbuffer_free(st->head);
 	A.n_streams--;
 	free(st);
 }
 
-static void drained_cb(struct bufferevent *bev, void *arg)
-{
-	(void)arg;
-	if (evbuffer_get_length(bufferevent_get_output(bev)) == 0)
-		bufferevent_free(bev);
-}
-
-static void drained_event_cb(struct bufferevent *bev, short what, void *arg)
-{
-	(void)what;
-	(void)arg;
-	bufferevent_free(bev);
-}
-
 /* ---- the database side ---- */
-
-static void db_out_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
-{
-	struct stream *st = arg;
-
-	struct session *x = st->ss;
-
-	(void)buf;
-	if (info->n_deleted && !x->dying) {
-		mux_stream_consumed(x->s, st->id, info->n_deleted);
-		session_flush(x);
-	}
-}
-
-static void db_read_cb(struct bufferevent *bev, void *arg)
-{
-	struct stream *st = arg;
-	struct session *x = st->ss;
-
-	(void)bev;
-	if (!x->dying && st->connected) {
-		mux_resume(x->s, st->id);
-		session_flush(x);
-	}
-}
-
-static void db_write_cb(struct bufferevent *bev, void *arg)
-{
-	struct stream *st = arg;
-
-	if (st->fin_in && evbuffer_get_length(bufferevent_get_output(bev)) == 0)
-		shutdown(bufferevent_getfd(bev), SHUT_WR);
-}
 
 static void db_event_cb(struct bufferevent *bev, short what, void *arg)
 {
 	struct stream *st = arg;
-	struct session *x = st->ss;	/* st may be freed by a reset below */
+	struct tlink *l = st->ts.l;	/* st may be freed by a reset below */
 
 	(void)bev;
 	if (st->in_connect) {
@@ -436,23 +397,22 @@ static void db_event_cb(struct bufferevent *bev, short what, void *arg)
 			st->connect_failed = true;
 		return;
 	}
-	if (st->ss->dying)
+	if (l->dying)
 		return;
+	if (st->ts.ready) {
+		tlink_stream_event(&st->ts, what);
+		return;
+	}
 	if (what & BEV_EVENT_CONNECTED) {
-		st->connected = true;
-		mux_open_ack(st->ss->s, st->id, 0);
-		mux_resume(st->ss->s, st->id);
-	} else if (!st->connected) {
+		st->ts.ready = true;
+		mux_open_ack(l->s, st->ts.id, 0);
+		mux_resume(l->s, st->ts.id);
+	} else {
 		api->log(me, LK_LOG_WARNING, "agent: cannot connect to database \"%s\" (%s:%d): %s", st->t->key,
 			 st->t->host, st->t->port, evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
-		mux_reset(st->ss->s, st->id, MUX_E_TARGET_UNREACHABLE);
-	} else if (what & BEV_EVENT_EOF) {
-		st->db_eof = true;
-		mux_resume(st->ss->s, st->id);
-	} else {
-		mux_reset(st->ss->s, st->id, MUX_E_CANCEL);
+		mux_reset(l->s, st->ts.id, MUX_E_TARGET_UNREACHABLE);
 	}
-	session_flush(x);
+	tlink_flush(l);
 }
 
 /* ---- mux callbacks ---- */
@@ -463,13 +423,13 @@ static void on_hello_ack(struct mux_session *s, const struct mux_hello *ack, voi
 
 	(void)s;
 	(void)ack;
-	x->established = true;
+	x->link.established = true;
 	x->since = time(NULL);
 	A.attempts = 0;
-	if (A.cur && A.cur != x && !A.cur->dying) {
+	if (A.cur && A.cur != x && !A.cur->link.dying) {
 		/* the old session drains */
-		mux_goaway(A.cur->s, MUX_NO_ERROR, 0, "replaced by a newer session");
-		session_flush(A.cur);
+		mux_goaway(A.cur->link.s, MUX_NO_ERROR, 0, "replaced by a newer session");
+		tlink_flush(&A.cur->link);
 	}
 	A.cur = x;
 	A.last_error[0] = '\0';
@@ -500,27 +460,25 @@ static uint32_t on_open(struct mux_session *s, uint32_t id, const struct mux_ope
 	}
 	st = calloc(1, sizeof(*st));
 	if (st)
-		st->db = bufferevent_socket_new(api->event_base(), -1, BEV_OPT_CLOSE_ON_FREE);
-	if (!st || !st->db) {
+		st->ts.bev = bufferevent_socket_new(api->event_base(), -1, BEV_OPT_CLOSE_ON_FREE);
+	if (!st || !st->ts.bev) {
 		free(st);
 		return MUX_E_INTERNAL;
 	}
 	st->ss = x;
-	st->id = id;
+	st->ts.l = &x->link;
+	st->ts.id = id;
 	st->t = t;
-	bufferevent_setcb(st->db, db_read_cb, db_write_cb, db_event_cb, st);
-	bufferevent_setwatermark(st->db, EV_READ, 0, DB_READ_HIGH);
-	bufferevent_enable(st->db, EV_READ | EV_WRITE);
+	tlink_stream_attach(&st->ts, db_event_cb);
 	st->in_connect = true;
-	if (bufferevent_socket_connect(st->db, (struct sockaddr *)&t->ss, t->sslen) != 0 || st->connect_failed) {
+	if (bufferevent_socket_connect(st->ts.bev, (struct sockaddr *)&t->ss, t->sslen) != 0 || st->connect_failed) {
 		api->log(me, LK_LOG_WARNING, "agent: cannot connect to database \"%s\" (%s:%d): %s", t->key, t->host,
 			 t->port, evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
-		bufferevent_free(st->db);
+		bufferevent_free(st->ts.bev);
 		free(st);
 		return MUX_E_TARGET_UNREACHABLE;
 	}
 	st->in_connect = false;
-	evbuffer_add_cb(bufferevent_get_output(st->db), db_out_cb, st);
 	A.n_streams++;
 	st->next = A.streams;
 	A.streams = st;
@@ -601,46 +559,33 @@ static void on_data(struct mux_session *s, uint32_t id, const uint8_t *data, siz
 
 	(void)id;
 	(void)ud;
-	A.bytes_in += (long long)len;
-	st->bytes_in += (long long)len;
 	if (!st->checked) {
-		int r = check_first(st, data, len);
+		int r;
+
+		st->ts.l->bytes_in += (long long)len;
+		st->ts.bytes_in += (long long)len;
+		r = check_first(st, data, len);
 
 		if (r < 0) {
 			A.refused++;
 			api->log(me, LK_LOG_WARNING,
 				 "agent: stream for \"%s\" refused: its first packet is not a startup for database \"%s\" or a cancel request",
 				 st->t->key, st->t->dbname);
-			mux_stream_consumed(s, st->id, len);
-			mux_reset(s, st->id, MUX_E_UNAUTHORIZED);
+			mux_stream_consumed(s, st->ts.id, len);
+			mux_reset(s, st->ts.id, MUX_E_UNAUTHORIZED);
 			return;
 		}
 		if (r == 0)
 			return;		/* credited once written onward */
-		if (!st->db || bufferevent_write_buffer(st->db, st->head) != 0) {
-			mux_reset(s, st->id, MUX_E_INTERNAL);
+		if (!st->ts.bev || bufferevent_write_buffer(st->ts.bev, st->head) != 0) {
+			mux_reset(s, st->ts.id, MUX_E_INTERNAL);
 			return;
 		}
 		evbuffer_free(st->head);
 		st->head = NULL;
 		return;
 	}
-	if (!st->db || bufferevent_write(st->db, data, len) != 0) {
-		mux_stream_consumed(s, st->id, len);
-		mux_reset(s, st->id, MUX_E_INTERNAL);
-	}
-}
-
-static void on_fin(struct mux_session *s, uint32_t id, void *sud, void *ud)
-{
-	struct stream *st = sud;
-
-	(void)s;
-	(void)id;
-	(void)ud;
-	st->fin_in = true;
-	if (st->db && st->connected)
-		db_write_cb(st->db, st);
+	tlink_stream_data(&st->ts, data, len);
 }
 
 static void on_stream_close(struct mux_session *s, uint32_t id, uint32_t code, bool by_peer, bool retryable,
@@ -655,15 +600,7 @@ static void on_stream_close(struct mux_session *s, uint32_t id, uint32_t code, b
 	(void)ud;
 	if (!st)
 		return;
-	if (st->db && code == MUX_NO_ERROR && evbuffer_get_length(bufferevent_get_output(st->db)) > 0) {
-		struct bufferevent *bev = st->db;
-
-		st->db = NULL;
-		evbuffer_remove_cb(bufferevent_get_output(bev), db_out_cb, st);
-		bufferevent_disable(bev, EV_READ);
-		bufferevent_setwatermark(bev, EV_WRITE, 0, 0);
-		bufferevent_setcb(bev, NULL, drained_cb, drained_event_cb, NULL);
-	}
+	tlink_stream_close(&st->ts, code);
 	stream_free(st);
 }
 
@@ -677,15 +614,18 @@ static void on_goaway(struct mux_session *s, uint32_t last, uint32_t code, uint3
 	if (code == MUX_E_UNAUTHORIZED) {
 		snprintf(A.last_error, sizeof(A.last_error), "the relay refused the token of site \"%s\"", A.c.site);
 		api->log(me, LK_LOG_ERROR, "agent: %s", A.last_error);
-		x->close_when_flushed = true;
+		x->link.close_when_flushed = true;
 		return;
 	}
 	api->log(me, LK_LOG_INFO, "agent: the relay is going away (%s %.*s); dialing a new session",
 		 mux_error_name(code), (int)dlen, debug);
 	if (A.cur == x)
 		A.cur = NULL;
-	if (mux_stream_count(x->s) == 0)
-		x->close_when_flushed = true;
+	if (mux_stream_count(x->link.s) == 0)
+		x->link.close_when_flushed = true;
+	A.attempts = 0;		/* no backoff: the relay asked for a new session */
+	if (A.redial)
+		evtimer_del(A.redial);
 	schedule_dial(reconnect_ms);
 }
 
@@ -703,43 +643,19 @@ static void on_session_error(struct mux_session *s, uint32_t code, const char *m
 	(void)s;
 	snprintf(A.last_error, sizeof(A.last_error), "session failed: %s: %s", mux_error_name(code), msg ? msg : "");
 	api->log(me, LK_LOG_WARNING, "agent: %s", A.last_error);
-	x->close_when_flushed = true;
-}
-
-static long read_data(struct mux_session *s, uint32_t id, uint8_t *dst, size_t max, bool *eof, void *sud, void *ud)
-{
-	struct stream *st = sud;
-	int n;
-
-	(void)s;
-	(void)id;
-	(void)ud;
-	if (!st->db) {
-		*eof = true;
-		return 0;
-	}
-	if (!st->connected)
-		return 0;
-	n = evbuffer_remove(bufferevent_get_input(st->db), dst, max);
-	if (n < 0)
-		return -1;
-	A.bytes_out += n;
-	st->bytes_out += n;
-	if (st->db_eof && evbuffer_get_length(bufferevent_get_input(st->db)) == 0)
-		*eof = true;
-	return n;
+	x->link.close_when_flushed = true;
 }
 
 static const struct mux_callbacks agent_cb = {
 	.on_hello_ack = on_hello_ack,
 	.on_open = on_open,
 	.on_data = on_data,
-	.on_fin = on_fin,
+	.on_fin = tlink_cb_fin,
 	.on_stream_close = on_stream_close,
 	.on_goaway = on_goaway,
 	.on_ping_ack = on_ping_ack,
 	.on_session_error = on_session_error,
-	.read_data = read_data,
+	.read_data = tlink_cb_read,
 };
 
 /* ---- the TLS connection to the relay ---- */
@@ -758,83 +674,65 @@ static uint64_t backoff_ms(void)
 	return r % (cap + 1);	/* full jitter */
 }
 
-static void session_reap(evutil_socket_t fd, short what, void *arg)
+static void session_reaped(struct tlink *l)
 {
-	struct session *x = arg;
+	struct session *x = TLINK_OWNER(l, struct session, link);
 	bool was_cur = A.cur == x;
 
-	(void)fd;
-	(void)what;
-	mux_session_abort(x->s, MUX_E_TIMEOUT);
 	for (struct session **pp = &A.sessions; *pp; pp = &(*pp)->next)
 		if (*pp == x) {
 			*pp = x->next;
 			break;
 		}
-	mux_session_free(x->s);
-	if (x->tick)
-		event_free(x->tick);
-	if (x->bev)
-		bufferevent_free(x->bev);
+	A.bytes_in += l->bytes_in;
+	A.bytes_out += l->bytes_out;
 	free(x);
 	if (was_cur)
 		A.cur = NULL;
 	if (!A.cur && A.configured && !evtimer_pending(A.redial, NULL)) {
 		bool dialing = false;
 		for (struct session *y = A.sessions; y; y = y->next)
-			if (!y->dying && !mux_going_away(y->s))
+			if (!y->link.dying && !mux_going_away(y->link.s))
 				dialing = true;
 		if (!dialing)
 			schedule_dial(backoff_ms());
 	}
 }
 
-static void session_kill(struct session *x, const char *why)
+static void session_killed(struct tlink *l, const char *why)
 {
-	struct timeval zero = { 0, 0 };
+	struct session *x = TLINK_OWNER(l, struct session, link);
 
-	if (x->dying)
-		return;
-	x->dying = true;
 	if (A.cur == x)
 		A.cur = NULL;
-	if (why && *why) {
-		if (x->established)
-			api->log(me, LK_LOG_WARNING, "agent: lost the relay %s: %s", A.c.relay, why);
-		if (!x->established || !A.last_error[0])
-			snprintf(A.last_error, sizeof(A.last_error), "%s", why);
-	}
-	if (x->bev)
-		bufferevent_disable(x->bev, EV_READ | EV_WRITE);
-	event_base_once(api->event_base(), -1, EV_TIMEOUT, session_reap, x, &zero);
-}
-
-static void session_flush(struct session *x)
-{
-	struct evbuffer *out;
-	const uint8_t *p;
-	size_t n;
-
-	if (x->dying || !x->tls_up)
+	if (!*why)
 		return;
-	out = bufferevent_get_output(x->bev);
-	while (evbuffer_get_length(out) < OUT_LOW_WATER && (n = mux_pending(x->s, &p)) > 0) {
-		if (evbuffer_add(out, p, n) != 0) {
-			session_kill(x, "out of memory");
-			return;
-		}
-		mux_consumed(x->s, n);
-	}
-	if (!x->close_when_flushed && mux_going_away(x->s) && A.cur != x && mux_stream_count(x->s) == 0 &&
-	    x->established)
-		x->close_when_flushed = true;
-	if (x->close_when_flushed && evbuffer_get_length(out) == 0)
-		session_kill(x, "");
+	if (l->established)
+		api->log(me, LK_LOG_WARNING, "agent: lost the relay %s: %s", A.c.relay, why);
+	if (!l->established || !A.last_error[0])
+		snprintf(A.last_error, sizeof(A.last_error), "%s", why);
 }
+
+/* An old session that went away closes once its last stream is done. */
+static void session_flushed(struct tlink *l)
+{
+	struct session *x = TLINK_OWNER(l, struct session, link);
+
+	if (!l->close_when_flushed && mux_going_away(l->s) && A.cur != x && mux_stream_count(l->s) == 0 &&
+	    l->established)
+		l->close_when_flushed = true;
+}
+
+static const struct tlink_ops session_ops = {
+	.now_ms = now_ms,
+	.killed = session_killed,
+	.reaped = session_reaped,
+	.flushed = session_flushed,
+};
 
 static bool check_pin(struct session *x, char *why, size_t wlen)
 {
-	SSL *ssl = bufferevent_openssl_get_ssl(x->bev);
+	SSL *ssl = bufferevent_openssl_get_ssl(x->link.bev);
 	X509 *cert = ssl ? SSL_get0_peer_certificate(ssl) : NULL;
 	unsigned char *der = NULL, md[32];
 	int len;
@@ -859,118 +757,78 @@ static bool check_pin(struct session *x, char *why, size_t wlen)
 	return true;
 }
 
-static void session_read_cb(struct bufferevent *bev, void *arg)
-{
-	struct session *x = arg;
-	struct evbuffer *in = bufferevent_get_input(bev);
-	struct evbuffer_iovec v[8];
-	bool ok = true;
-
-	while (ok && !x->dying && evbuffer_get_length(in) > 0) {
-		int n = evbuffer_peek(in, -1, NULL, v, 8);
-		size_t used = 0;
-
-		for (int i = 0; i < n && i < 8 && ok; i++) {
-			ok = mux_feed(x->s, v[i].iov_base, v[i].iov_len, now_ms());
-			used += v[i].iov_len;
-		}
-		evbuffer_drain(in, used);
-	}
-	if (!ok)
-		x->close_when_flushed = true;
-	session_flush(x);
-}
-
-static void session_write_cb(struct bufferevent *bev, void *arg)
-{
-	(void)bev;
-	session_flush(arg);
-}
-
 static void session_event_cb(struct bufferevent *bev, short what, void *arg)
 {
-	struct session *x = arg;
+	struct session *x = TLINK_OWNER(arg, struct session, link);
 	char why[256] = "the relay closed the connection";
-	unsigned long e;
 
 	if (what & BEV_EVENT_CONNECTED) {
-		SSL *ssl = bufferevent_openssl_get_ssl(bev);
 		uint8_t ekm[32], key[32], proof[EVP_MAX_MD_SIZE];
 		unsigned plen = 0;
 
 		if (!check_pin(x, why, sizeof(why))) {
 			api->log(me, LK_LOG_ERROR, "agent: %s", why);
-			session_kill(x, why);
+			tlink_kill(&x->link, why);
 			return;
 		}
-		if (SSL_export_keying_material(ssl, ekm, sizeof(ekm), TUNNEL_EXPORTER_LABEL,
-					       strlen(TUNNEL_EXPORTER_LABEL), NULL, 0, 0) != 1) {
-			session_kill(x, "TLS exporter failed");
+		if (!tlink_exporter(&x->link, ekm)) {
+			tlink_kill(&x->link, "TLS exporter failed");
 			return;
 		}
 		SHA256((const unsigned char *)A.c.token, strlen(A.c.token), key);
 		HMAC(EVP_sha256(), key, sizeof(key), ekm, sizeof(ekm), proof, &plen);
 		OPENSSL_cleanse(key, sizeof(key));
-		x->tls_up = true;
-		if (!mux_hello(x->s, A.c.site, proof, PROOF_LEN, now_ms())) {
-			session_kill(x, "cannot build HELLO");
+		x->link.tls_up = true;
+		if (!mux_hello(x->link.s, A.c.site, proof, TLINK_PROOF_LEN, now_ms())) {
+			tlink_kill(&x->link, "cannot build HELLO");
 			return;
 		}
-		session_flush(x);
+		tlink_flush(&x->link);
 		return;
 	}
-	e = bufferevent_get_openssl_error(bev);
-	if (e && (ERR_GET_LIB(e) == 0 || ERR_GET_LIB(e) == ERR_LIB_SYS))
-		e = 0;	/* a socket error libevent passed through OpenSSL's queue */
-	if (e) {
-		char buf[200];
-		ERR_error_string_n(e, buf, sizeof(buf));
-		snprintf(why, sizeof(why), "TLS with the relay failed: %s", buf);
-		if (!x->established)
-			api->log(me, LK_LOG_WARNING, "agent: %s", why);
-	} else if ((what & BEV_EVENT_ERROR) && EVUTIL_SOCKET_ERROR()) {
-		snprintf(why, sizeof(why), "relay %s: %s", A.c.relay, evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
-	} else if (!x->tls_up) {
-		snprintf(why, sizeof(why), "cannot connect to relay %s", A.c.relay);
+	{
+		char buf[200] = "";
+		bool tls = tlink_event_text(bev, what, buf, sizeof(buf));
+
+		if (tls) {
+			snprintf(why, sizeof(why), "TLS with the relay failed: %s", buf);
+			if (!x->link.established)
+				api->log(me, LK_LOG_WARNING, "agent: %s", why);
+		} else if (buf[0]) {
+			snprintf(why, sizeof(why), "relay %s: %s", A.c.relay, buf);
+		} else if (!x->link.tls_up) {
+			snprintf(why, sizeof(why), "cannot connect to relay %s", A.c.relay);
+		}
 	}
-	session_kill(x, why);
+	tlink_kill(&x->link, why);
 }
 
 static void session_tick_cb(evutil_socket_t fd, short what, void *arg)
 {
-	struct session *x = arg;
+	struct session *x = TLINK_OWNER(arg, struct session, link);
 	uint64_t now = now_ms(), next;
-	struct timeval tv;
 
 	(void)fd;
 	(void)what;
-	if (x->dying)
+	if (x->link.dying)
 		return;
-	if (!x->established && now - x->started_ms > CONNECT_DEADLINE_MS) {
-		session_kill(x, "the relay did not answer in time");
+	if (!x->link.established && now - x->link.started_ms > CONNECT_DEADLINE_MS) {
+		tlink_kill(&x->link, "the relay did not answer in time");
 		return;
 	}
-	next = x->tls_up ? mux_tick(x->s, now) : now + 1000;
-	if (next <= now)
-		next = now + 1;
+	next = x->link.tls_up ? mux_tick(x->link.s, now) : now + 1000;
 	if (next > now + 1000)
 		next = now + 1000;
-	tv.tv_sec = (time_t)((next - now) / 1000);
-	tv.tv_usec = (suseconds_t)((next - now) % 1000 * 1000);
-	evtimer_add(x->tick, &tv);
-	session_flush(x);
+	tlink_arm(&x->link, now, next);
+	tlink_flush(&x->link);
 }
 
-static void dial(evutil_socket_t fd, short what, void *arg)
+/* Open a session to the relay at sa. */
+static void dial_to(const struct sockaddr *sa, int salen)
 {
 	struct session *x;
 	SSL *ssl;
 
-	(void)fd;
-	(void)what;
-	(void)arg;
-	if (!A.configured || !A.ctx)
-		return;
 	x = calloc(1, sizeof(*x));
 	ssl = x ? SSL_new(A.ctx) : NULL;
 	if (!ssl) {
@@ -978,52 +836,74 @@ static void dial(evutil_socket_t fd, short what, void *arg)
 		schedule_dial(backoff_ms());
 		return;
 	}
-	if (A.c.relay_name[0]) {
-		SSL_set_tlsext_host_name(ssl, A.c.relay_name);
+	if (A.c.relay_name[0] || A.c.relay_is_name) {
+		const char *name = A.c.relay_name[0] ? A.c.relay_name : A.c.relay_host;
+
+		SSL_set_tlsext_host_name(ssl, name);
 		if (A.c.relay_ca[0])
-			SSL_set1_host(ssl, A.c.relay_name);
+			SSL_set1_host(ssl, name);
 	} else if (A.c.relay_ca[0]) {
-		char host[128];
-		int port;
-		if (parse_hostport(A.c.relay, host, sizeof(host), &port))
-			X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), host);
+		X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), A.c.relay_host);
 	}
 	A.reconnects++;
-	x->started_ms = now_ms();
-	x->s = mux_session_new(MUX_ROLE_AGENT, &A.settings, &agent_cb, x);
-	x->bev = bufferevent_openssl_socket_new(api->event_base(), -1, ssl, BUFFEREVENT_SSL_CONNECTING,
-						BEV_OPT_CLOSE_ON_FREE);
-	x->tick = evtimer_new(api->event_base(), session_tick_cb, x);
-	if (!x->s || !x->bev || !x->tick) {
-		if (!x->bev)
-			SSL_free(ssl);
-		else
-			bufferevent_free(x->bev);
-		mux_session_free(x->s);
-		if (x->tick)
-			event_free(x->tick);
+	if (!tlink_open(&x->link, api->event_base(), ssl, -1, BUFFEREVENT_SSL_CONNECTING, MUX_ROLE_AGENT, &A.settings,
+			&agent_cb, x, &session_ops, session_tick_cb)) {
 		free(x);
 		schedule_dial(backoff_ms());
 		return;
 	}
 	x->next = A.sessions;
 	A.sessions = x;
-	bufferevent_setcb(x->bev, session_read_cb, session_write_cb, session_event_cb, x);
-	bufferevent_setwatermark(x->bev, EV_WRITE, OUT_LOW_WATER / 2, 0);
-	bufferevent_enable(x->bev, EV_READ | EV_WRITE);
-	if (bufferevent_socket_connect(x->bev, (struct sockaddr *)&A.c.relay_ss, A.c.relay_sslen) != 0) {
+	tlink_start(&x->link, session_event_cb);
+	if (bufferevent_socket_connect(x->link.bev, (struct sockaddr *)sa, salen) != 0) {
 		snprintf(A.last_error, sizeof(A.last_error), "cannot connect to relay %s", A.c.relay);
-		session_kill(x, "");
+		tlink_kill(&x->link, "");
 		return;
 	}
-	session_tick_cb(-1, 0, x);
+	session_tick_cb(-1, 0, &x->link);
+}
+
+/* The answer for the relay's name (api->resolve). */
+static void relay_resolved(lk_plugin *self, void *arg, const struct sockaddr *sa, int len, const char *error)
+{
+	(void)self;
+	(void)arg;
+	A.resolving = false;
+	if (!A.configured || !A.ctx || A.shutting_down)
+		return;
+	if (!sa) {
+		snprintf(A.last_error, sizeof(A.last_error), "cannot resolve relay %s: %s", A.c.relay_host, error);
+		api->log(me, LK_LOG_WARNING, "agent: %s", A.last_error);
+		schedule_dial(backoff_ms());
+		return;
+	}
+	dial_to(sa, len);
+}
+
+static void dial(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	(void)arg;
+	if (!A.configured || !A.ctx || A.resolving)
+		return;
+	if (!A.c.relay_is_name) {
+		dial_to((struct sockaddr *)&A.c.relay_ss, A.c.relay_sslen);
+		return;
+	}
+	A.resolving = true;
+	if (api->resolve(me, A.c.relay_host, A.c.relay_port, relay_resolved, &A) != 0) {
+		A.resolving = false;
+		snprintf(A.last_error, sizeof(A.last_error), "cannot resolve relay %s", A.c.relay_host);
+		schedule_dial(backoff_ms());
+	}
 }
 
 static void schedule_dial(uint64_t delay_ms)
 {
 	struct timeval tv = { (time_t)(delay_ms / 1000), (suseconds_t)(delay_ms % 1000 * 1000) };
 
-	if (!A.redial || evtimer_pending(A.redial, NULL))
+	if (!A.redial || evtimer_pending(A.redial, NULL) || A.shutting_down)
 		return;
 	A.next_dial_ms = now_ms() + delay_ms;
 	evtimer_add(A.redial, &tv);
@@ -1080,14 +960,17 @@ static int on_config_apply(lk_plugin *self, lk_event *ev)
 	A.configured = true;
 	if (redial) {
 		for (struct session *x = A.sessions; x; x = x->next)
-			if (!x->dying) {
-				if (x->established)
-					mux_goaway(x->s, MUX_NO_ERROR, 0, "agent reconfigured");
-				x->close_when_flushed = !x->established || mux_stream_count(x->s) == 0;
-				session_flush(x);
+			if (!x->link.dying) {
+				if (x->link.established)
+					mux_goaway(x->link.s, MUX_NO_ERROR, 0, "agent reconfigured");
+				x->link.close_when_flushed = !x->link.established || mux_stream_count(x->link.s) == 0;
+				tlink_flush(&x->link);
 			}
 		A.cur = NULL;
 		A.attempts = 0;
+		if (A.resolving)
+			api->resolve_cancel(me, &A);	/* a name of the old relay */
+		A.resolving = false;
 		if (A.redial)
 			evtimer_del(A.redial);
 		schedule_dial(0);
@@ -1095,7 +978,48 @@ static int on_config_apply(lk_plugin *self, lk_event *ev)
 	return LK_CONTINUE;
 }
 
+/* ================= shutdown ================= */
+
+/*
+ * The process is shutting down: dial no more, and tell the relay (GOAWAY
+ * naming the last stream we accepted) so it opens no new stream here and
+ * its clients learn at once that the site has no agent; the streams open
+ * go on until the process exits.
+ */
+static int on_shutdown(lk_plugin *self, lk_event *ev)
+{
+	(void)self;
+	(void)ev;
+	A.shutting_down = true;
+	A.cur = NULL;
+	if (A.redial)
+		evtimer_del(A.redial);
+	if (A.resolving)
+		api->resolve_cancel(me, &A);
+	A.resolving = false;
+	for (struct session *x = A.sessions; x; x = x->next) {
+		if (x->link.dying)
+			continue;
+		if (x->link.established)
+			mux_goaway(x->link.s, MUX_NO_ERROR, 0, "the agent is shutting down");
+		if (!x->link.established || mux_stream_count(x->link.s) == 0)
+			x->link.close_when_flushed = true;
+		tlink_flush(&x->link);
+	}
+	return LK_CONTINUE;
+}
+
 /* ================= console ================= */
+
+/* Stream bytes from (in) or to the relay over every session, live or gone. */
+static long long agent_bytes(bool in)
+{
+	long long n = in ? A.bytes_in : A.bytes_out;
+
+	for (struct session *x = A.sessions; x; x = x->next)
+		n += in ? x->link.bytes_in : x->link.bytes_out;
+	return n;
+}
 
 static int cmd_agent(lk_plugin *self, lk_result *res, const char *args)
 {
@@ -1110,18 +1034,20 @@ static int cmd_agent(lk_plugin *self, lk_result *res, const char *args)
 
 	(void)self;
 	(void)args;
-	if (A.cur && A.cur->established) {
+	if (A.cur && A.cur->link.established) {
 		state = "connected";
 		gmtime_r(&A.cur->since, &tm);
 		strftime(since, sizeof(since), "%Y-%m-%d %H:%M:%S UTC", &tm);
+	} else if (A.resolving) {
+		state = "resolving";
 	} else {
 		for (struct session *x = A.sessions; x; x = x->next)
-			if (!x->dying && !x->established)
+			if (!x->link.dying && !x->link.established)
 				state = "connecting";
 	}
 	snprintf(b[0], 24, "%u", A.n_streams);
-	snprintf(b[1], 24, "%lld", A.bytes_in);
-	snprintf(b[2], 24, "%lld", A.bytes_out);
+	snprintf(b[1], 24, "%lld", agent_bytes(true));
+	snprintf(b[2], 24, "%lld", agent_bytes(false));
 	snprintf(b[3], 24, "%lld", A.rtt_ms);
 	snprintf(b[4], 24, "%lld", A.reconnects);
 	snprintf(b[5], 24, "%lld", A.refused);
@@ -1149,11 +1075,11 @@ static void metric_value(lk_plugin *self, lk_metrics *m, void *arg)
 
 	(void)self;
 	switch ((int)(intptr_t)arg) {
-	case 0: v = A.cur && A.cur->established ? 1 : 0; break;
+	case 0: v = A.cur && A.cur->link.established ? 1 : 0; break;
 	case 1: v = A.n_streams; break;
 	case 2: v = (double)A.reconnects; break;
-	case 3: v = (double)A.bytes_in; break;
-	case 4: v = (double)A.bytes_out; break;
+	case 3: v = (double)agent_bytes(true); break;
+	case 4: v = (double)agent_bytes(false); break;
 	case 5: v = (double)A.refused; break;
 	}
 	api->metric_sample(m, NULL, v);
@@ -1163,16 +1089,12 @@ static void metric_value(lk_plugin *self, lk_metrics *m, void *arg)
 
 static int agent_init(lk_plugin *self, const lk_api *a)
 {
-	const char *w = getenv("LOKADB_MUX_WINDOW_KB");
-
 	api = a;
 	me = self;
-	mux_settings_default(&A.settings);
-	if (w && atol(w) > 0 && atol(w) <= (long)(MUX_WINDOW_MAX / 1024))
-		A.settings.stream_window = (uint32_t)atol(w) * 1024u;
+	tlink_settings(&A.settings);
 	if (a->hook(self, LK_HOOK_CONFIG_CHECK, on_config_check, 0) != 0 ||
 	    a->hook(self, LK_HOOK_CONFIG_APPLY, on_config_apply, 0) != 0 ||
-	    a->config_declare(self, "relay", "", "numeric ADDRESS:PORT of the relay") != 0 ||
+	    a->config_declare(self, "relay", "", "HOST:PORT of the relay (a name is resolved before each dial)") != 0 ||
 	    a->config_declare(self, "site", "", "this site's name at the relay") != 0 ||
 	    a->config_declare(self, "token", "", "this site's token (the relay keeps its SHA-256)") != 0 ||
 	    a->config_declare(self, "relay_ca", "", "CA file that signed the relay's certificate") != 0 ||
@@ -1185,6 +1107,8 @@ static int agent_init(lk_plugin *self, const lk_api *a)
 		a->init_error(self, "registration failed");
 		return -1;
 	}
+	if (a->hook(self, LK_HOOK_SHUTDOWN, on_shutdown, 0) != 0)
+		a->log(self, LK_LOG_WARNING, "agent: this lokadb has no SHUTDOWN hook (ABI 1.6): no GOAWAY at shutdown");
 	if (LK_API_HAS(a, metric_register)) {
 		static const struct { const char *name; int type; const char *help; } mt[] = {
 			{ "connected", LK_METRIC_GAUGE, "1 while a session with the relay is established" },

@@ -6,17 +6,20 @@
  * site's token, proven with an HMAC over the TLS exporter so a captured
  * proof is worth nothing on another connection), and registers the
  * transport `tunnel`: a [databases] entry with `transport=tunnel
- * host=SITE dbname=DB` has each server connection (and each cancel
+ * site=SITE dbname=DB` (host= is an alias) has each server connection (and each cancel
  * request) carried by one stream of SITE's agent session, db_key = DB.
  * The core gets one end of a socketpair; the other end is pumped to and
  * from the stream, with credit returned only for bytes written onward.
  *
- * Settings [plugin.relay]: listen, cert_file, key_file, sites, max_streams.
+ * Settings [plugin.relay]: listen, cert_file, key_file, sites, max_streams,
+ * site_min_streams (fair_share()), so_reuseport. A shutdown drains (on_shutdown): agents are told to
+ * reconnect at once (to the new process of a rolling restart), streams
+ * still open are reset after DRAIN_MS.
  * Console: SHOW AGENTS, SHOW STREAMS.
  */
 #include <lokadb/plugin.h>
 
-#include "mux.h"
+#include "link.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -41,13 +44,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#define TUNNEL_EXPORTER_LABEL "EXPORTER-Channel-Binding"
-#define PROOF_LEN 32
 #define HELLO_DEADLINE_MS 10000
-#define OUT_LOW_WATER (256 * 1024)	/* produce more mux output below this */
-#define PAIR_READ_HIGH (256 * 1024)	/* stop reading the core's end above this */
 #define MAX_SITES 1024
 #define MAX_HANDSHAKES 128		/* connections not yet authenticated */
+#define DRAIN_MS 5000			/* a shutdown resets the streams still open after this */
 
 static const lk_api *api;
 static lk_plugin *me;
@@ -55,32 +55,28 @@ static lk_plugin *me;
 struct site {
 	char name[MUX_NAME_MAX + 1];
 	uint8_t hash[32];		/* SHA-256 of the token */
+	unsigned mark;			/* fair_share(): counted in pass `mark` */
+	unsigned streams;		/* fair_share(): its streams in that pass */
 };
 
 struct agent {
-	struct bufferevent *bev;	/* TLS */
-	struct mux_session *s;
-	struct event *tick;
+	struct tlink link;		/* TLS connection and mux session */
 	struct site *site;		/* once authenticated */
 	char site_name[MUX_NAME_MAX + 1];
 	char addr[64];
 	time_t since;			/* wall clock of the HELLO_ACK */
-	uint64_t started_ms;
-	long long bytes_in, bytes_out, rtt_ms;
+	long long rtt_ms;
 	unsigned n_streams;
-	bool dying, close_when_flushed, established;
 	struct agent *next;
 };
 
 struct stream {
+	struct tlink_stream ts;		/* first (tlink_cb_*): our end of the core's socketpair */
 	struct agent *a;
-	uint32_t id;
 	lk_connect *req;		/* until OPEN_ACK or failure */
-	struct bufferevent *pair;	/* our end of the core's socketpair */
 	int core_fd;			/* the core's end, until handed over */
-	bool pair_eof, fin_in, is_cancel;
+	bool is_cancel;
 	char db[MUX_NAME_MAX + 1];
-	long long bytes_in, bytes_out;	/* from the agent, to the agent */
 	struct stream *next;
 };
 
@@ -92,8 +88,13 @@ static struct {
 	struct agent *agents;
 	struct stream *streams;
 	unsigned n_streams, max_streams;
-	long long refused_auth, refused_streams, refused_handshakes;
+	long long refused_auth, refused_streams, refused_handshakes, refused_share;
+	unsigned min_share;		/* site_min_streams */
+	unsigned pass;			/* fair_share() pass number */
 	struct mux_settings settings;
+	bool reuseport;			/* so_reuseport: a rolling restart binds listen again */
+	bool draining;			/* the process is shutting down */
+	lk_timer *drain_timer;
 } R;
 
 static uint64_t now_ms(void)
@@ -102,17 +103,6 @@ static uint64_t now_ms(void)
 }
 
 /* ================= settings ================= */
-
-static int hexval(int c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
 
 /* "acme:HEX64, beta:HEX64" -> sites (out may be NULL: check only). */
 static bool parse_sites(const char *v, struct site **out, int *n_out, char *why, size_t wlen)
@@ -163,13 +153,9 @@ static bool parse_sites(const char *v, struct site **out, int *n_out, char *why,
 		}
 		memset(&arr[n], 0, sizeof(arr[n]));
 		memcpy(arr[n].name, start, nl);
-		for (int i = 0; i < 32; i++) {
-			int hi = hexval(colon[1 + 2 * i]), lo = hexval(colon[2 + 2 * i]);
-			if (hi < 0 || lo < 0) {
-				snprintf(why, wlen, "site \"%s\": the token hash must be 64 hex digits (SHA-256)", arr[n].name);
-				goto bad;
-			}
-			arr[n].hash[i] = (uint8_t)(hi << 4 | lo);
+		if (!tlink_hex32(colon + 1, 64, arr[n].hash)) {
+			snprintf(why, wlen, "site \"%s\": the token hash must be 64 hex digits (SHA-256)", arr[n].name);
+			goto bad;
 		}
 		for (int i = 0; i < n; i++)
 			if (strcmp(arr[i].name, arr[n].name) == 0) {
@@ -227,6 +213,14 @@ static bool parse_max_streams(const char *v, unsigned *out)
 	return true;
 }
 
+static bool parse_bool(const char *v, bool *out)
+{
+	if (!v || (strcmp(v, "0") != 0 && strcmp(v, "1") != 0))
+		return false;
+	*out = v[0] == '1';
+	return true;
+}
+
 static SSL_CTX *make_ctx(const char *cert, const char *key, char *why, size_t wlen)
 {
 	SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
@@ -257,8 +251,6 @@ bad:
 
 /* ================= agent sessions ================= */
 
-static void agent_flush(struct agent *a);
-static void agent_kill(struct agent *a, const char *why);
 
 static void stream_unlink(struct stream *st)
 {
@@ -289,8 +281,7 @@ static const char *close_reason(uint32_t code)
 static void stream_free(struct stream *st)
 {
 	stream_unlink(st);
-	if (st->pair)
-		bufferevent_free(st->pair);
+	tlink_stream_close(&st->ts, MUX_E_CANCEL);
 	if (st->core_fd >= 0)
 		close(st->core_fd);
 	R.n_streams--;
@@ -301,78 +292,13 @@ static void stream_free(struct stream *st)
 
 /* ---- the core's end ---- */
 
-static void pair_out_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
-{
-	struct stream *st = arg;
-	struct agent *a = st->a;
-
-	(void)buf;
-	if (info->n_deleted && a && !a->dying) {
-		mux_stream_consumed(a->s, st->id, info->n_deleted);
-		agent_flush(a);
-	}
-}
-
-static void pair_read_cb(struct bufferevent *bev, void *arg)
-{
-	struct stream *st = arg;
-	struct agent *a = st->a;
-
-	(void)bev;
-	if (a && !a->dying) {
-		mux_resume(a->s, st->id);
-		agent_flush(a);
-	}
-}
-
-static void pair_write_cb(struct bufferevent *bev, void *arg)
-{
-	struct stream *st = arg;
-
-	if (st->fin_in && evbuffer_get_length(bufferevent_get_output(bev)) == 0)
-		shutdown(bufferevent_getfd(bev), SHUT_WR);
-}
-
 static void pair_event_cb(struct bufferevent *bev, short what, void *arg)
 {
-	struct stream *st = arg;
-	struct agent *a = st->a;	/* st may be freed by the reset */
-
 	(void)bev;
-	if (!a || a->dying)
-		return;
-	if (what & BEV_EVENT_EOF) {
-		st->pair_eof = true;
-		mux_resume(a->s, st->id);
-	} else if (what & BEV_EVENT_ERROR) {
-		mux_reset(a->s, st->id, MUX_E_CANCEL);
-	}
-	agent_flush(a);
-}
-
-static void drained_cb(struct bufferevent *bev, void *arg)
-{
-	(void)arg;
-	if (evbuffer_get_length(bufferevent_get_output(bev)) == 0)
-		bufferevent_free(bev);
-}
-
-static void drained_event_cb(struct bufferevent *bev, short what, void *arg)
-{
-	(void)what;
-	(void)arg;
-	bufferevent_free(bev);
+	tlink_stream_event(&((struct stream *)arg)->ts, what);
 }
 
 /* ---- mux callbacks ---- */
-
-static bool exporter(struct agent *a, uint8_t out[32])
-{
-	SSL *ssl = bufferevent_openssl_get_ssl(a->bev);
-
-	return ssl && SSL_export_keying_material(ssl, out, 32, TUNNEL_EXPORTER_LABEL,
-						 strlen(TUNNEL_EXPORTER_LABEL), NULL, 0, 0) == 1;
-}
 
 static void on_hello(struct mux_session *s, const struct mux_hello *h, void *ud)
 {
@@ -385,23 +311,23 @@ static void on_hello(struct mux_session *s, const struct mux_hello *h, void *ud)
 	for (int i = 0; i < R.n_sites; i++)
 		if (strcmp(R.sites[i].name, h->agent_id) == 0)
 			site = &R.sites[i];
-	if (!site || h->proof_len != PROOF_LEN || !exporter(a, ekm) ||
+	if (!site || h->proof_len != TLINK_PROOF_LEN || !tlink_exporter(&a->link, ekm) ||
 	    !HMAC(EVP_sha256(), site->hash, 32, ekm, sizeof(ekm), want, &wlen) ||
-	    CRYPTO_memcmp(want, h->proof, PROOF_LEN) != 0) {
+	    CRYPTO_memcmp(want, h->proof, TLINK_PROOF_LEN) != 0) {
 		R.refused_auth++;
 		api->log(me, LK_LOG_WARNING, "relay: agent %s refused: %s for site \"%s\"", a->addr,
 			 site ? "bad token" : "unknown site", h->agent_id);
 		mux_goaway(s, MUX_E_UNAUTHORIZED, 0, "bad credential");
-		a->close_when_flushed = true;
+		a->link.close_when_flushed = true;
 		return;
 	}
 	RAND_bytes(sid, sizeof(sid));
 	if (!mux_accept(s, sid, (uint64_t)time(NULL) * 1000u)) {
-		agent_kill(a, "cannot accept");
+		tlink_kill(&a->link, "cannot accept");
 		return;
 	}
 	a->site = site;
-	a->established = true;
+	a->link.established = true;
 	a->since = time(NULL);
 	api->log(me, LK_LOG_INFO, "relay: agent of site \"%s\" connected from %s", site->name, a->addr);
 }
@@ -420,32 +346,6 @@ static void on_open_ack(struct mux_session *s, uint32_t id, void *sud, void *ud)
 	st->req = NULL;
 	st->core_fd = -1;
 	api->connect_ready(req, fd);
-}
-
-static void on_data(struct mux_session *s, uint32_t id, const uint8_t *data, size_t len, void *sud, void *ud)
-{
-	struct stream *st = sud;
-	struct agent *a = ud;
-
-	(void)id;
-	a->bytes_in += (long long)len;
-	st->bytes_in += (long long)len;
-	if (!st->pair || bufferevent_write(st->pair, data, len) != 0) {
-		mux_stream_consumed(s, st->id, len);
-		mux_reset(s, st->id, MUX_E_INTERNAL);
-	}
-}
-
-static void on_fin(struct mux_session *s, uint32_t id, void *sud, void *ud)
-{
-	struct stream *st = sud;
-
-	(void)s;
-	(void)id;
-	(void)ud;
-	st->fin_in = true;
-	if (st->pair)
-		pair_write_cb(st->pair, st);
 }
 
 static void on_stream_close(struct mux_session *s, uint32_t id, uint32_t code, bool by_peer, bool retryable,
@@ -469,16 +369,7 @@ static void on_stream_close(struct mux_session *s, uint32_t id, uint32_t code, b
 			 st->a ? st->a->site_name : "?", st->db, close_reason(code));
 		api->connect_failed(req, msg);
 	}
-	if (st->pair && code == MUX_NO_ERROR && evbuffer_get_length(bufferevent_get_output(st->pair)) > 0) {
-		/* both FINs went: let the last bytes reach the core, then close */
-		struct bufferevent *bev = st->pair;
-
-		st->pair = NULL;
-		evbuffer_remove_cb(bufferevent_get_output(bev), pair_out_cb, st);
-		bufferevent_disable(bev, EV_READ);
-		bufferevent_setwatermark(bev, EV_WRITE, 0, 0);
-		bufferevent_setcb(bev, NULL, drained_cb, drained_event_cb, NULL);
-	}
+	tlink_stream_close(&st->ts, code);
 	stream_free(st);
 }
 
@@ -509,175 +400,90 @@ static void on_session_error(struct mux_session *s, uint32_t code, const char *m
 	(void)s;
 	api->log(me, LK_LOG_WARNING, "relay: session of agent %s (site \"%s\") failed: %s: %s", a->addr,
 		 a->site_name, mux_error_name(code), msg ? msg : "");
-	a->close_when_flushed = true;
-}
-
-static long read_data(struct mux_session *s, uint32_t id, uint8_t *dst, size_t max, bool *eof, void *sud, void *ud)
-{
-	struct stream *st = sud;
-	struct agent *a = ud;
-	int n;
-
-	(void)s;
-	(void)id;
-	if (!st->pair) {
-		*eof = true;
-		return 0;
-	}
-	n = evbuffer_remove(bufferevent_get_input(st->pair), dst, max);
-	if (n < 0)
-		return -1;
-	a->bytes_out += n;
-	st->bytes_out += n;
-	if (st->pair_eof && evbuffer_get_length(bufferevent_get_input(st->pair)) == 0)
-		*eof = true;
-	return n;
+	a->link.close_when_flushed = true;
 }
 
 static const struct mux_callbacks relay_cb = {
 	.on_hello = on_hello,
 	.on_open_ack = on_open_ack,
-	.on_data = on_data,
-	.on_fin = on_fin,
+	.on_data = tlink_cb_data,
+	.on_fin = tlink_cb_fin,
 	.on_stream_close = on_stream_close,
 	.on_goaway = on_goaway,
 	.on_ping_ack = on_ping_ack,
 	.on_session_error = on_session_error,
-	.read_data = read_data,
+	.read_data = tlink_cb_read,
 };
 
 /* ---- the TLS connection ---- */
 
-static void agent_reap(evutil_socket_t fd, short what, void *arg)
+static void agent_killed(struct tlink *l, const char *why)
 {
-	struct agent *a = arg;
+	struct agent *a = TLINK_OWNER(l, struct agent, link);
 
-	(void)fd;
-	(void)what;
-	mux_session_abort(a->s, MUX_E_TIMEOUT);	/* reports every stream closed */
+	if (l->established)
+		api->log(me, LK_LOG_INFO, "relay: agent of site \"%s\" (%s) disconnected: %s", a->site_name,
+			 a->addr, why[0] ? why : "closed");
+}
+
+static void agent_reaped(struct tlink *l)
+{
+	struct agent *a = TLINK_OWNER(l, struct agent, link);
+
 	for (struct agent **pp = &R.agents; *pp; pp = &(*pp)->next)
 		if (*pp == a) {
 			*pp = a->next;
 			break;
 		}
-	mux_session_free(a->s);
-	if (a->tick)
-		event_free(a->tick);
-	if (a->bev)
-		bufferevent_free(a->bev);
 	free(a);
 }
 
-static void agent_kill(struct agent *a, const char *why)
+/* While the relay drains, a session whose last stream closed goes at once. */
+static void agent_flushed(struct tlink *l)
 {
-	struct timeval zero = { 0, 0 };
-
-	if (a->dying)
-		return;
-	a->dying = true;
-	if (a->established)
-		api->log(me, LK_LOG_INFO, "relay: agent of site \"%s\" (%s) disconnected: %s", a->site_name,
-			 a->addr, why);
-	if (a->bev)
-		bufferevent_disable(a->bev, EV_READ | EV_WRITE);
-	event_base_once(api->event_base(), -1, EV_TIMEOUT, agent_reap, a, &zero);
+	if (R.draining && mux_stream_count(l->s) == 0)
+		l->close_when_flushed = true;
 }
 
-static void agent_flush(struct agent *a)
-{
-	struct evbuffer *out;
-	const uint8_t *p;
-	size_t n;
-
-	if (a->dying)
-		return;
-	out = bufferevent_get_output(a->bev);
-	while (evbuffer_get_length(out) < OUT_LOW_WATER && (n = mux_pending(a->s, &p)) > 0) {
-		if (evbuffer_add(out, p, n) != 0) {
-			agent_kill(a, "out of memory");
-			return;
-		}
-		mux_consumed(a->s, n);
-	}
-	if (a->close_when_flushed && evbuffer_get_length(out) == 0)
-		agent_kill(a, "closed");
-}
-
-static void agent_read_cb(struct bufferevent *bev, void *arg)
-{
-	struct agent *a = arg;
-	struct evbuffer *in = bufferevent_get_input(bev);
-	struct evbuffer_iovec v[8];
-	bool ok = true;
-
-	while (ok && !a->dying && evbuffer_get_length(in) > 0) {
-		int n = evbuffer_peek(in, -1, NULL, v, 8);
-		size_t used = 0;
-
-		for (int i = 0; i < n && i < 8 && ok; i++) {
-			ok = mux_feed(a->s, v[i].iov_base, v[i].iov_len, now_ms());
-			used += v[i].iov_len;
-		}
-		evbuffer_drain(in, used);
-	}
-	if (!ok)
-		a->close_when_flushed = true;
-	agent_flush(a);
-}
-
-static void agent_write_cb(struct bufferevent *bev, void *arg)
-{
-	(void)bev;
-	agent_flush(arg);
-}
+static const struct tlink_ops agent_ops = {
+	.now_ms = now_ms,
+	.killed = agent_killed,
+	.reaped = agent_reaped,
+	.flushed = agent_flushed,
+};
 
 static void agent_event_cb(struct bufferevent *bev, short what, void *arg)
 {
-	struct agent *a = arg;
-	unsigned long e;
+	struct agent *a = TLINK_OWNER(arg, struct agent, link);
 	char why[160] = "connection closed";
 
-	(void)bev;
 	if (what & BEV_EVENT_CONNECTED)
 		return;
-	e = bufferevent_get_openssl_error(a->bev);
-	if (e && (ERR_GET_LIB(e) == 0 || ERR_GET_LIB(e) == ERR_LIB_SYS))
-		e = 0;	/* a socket error libevent passed through OpenSSL's queue */
-	if (e) {
-		ERR_error_string_n(e, why, sizeof(why));
-		if (!a->established)
-			api->log(me, LK_LOG_WARNING, "relay: TLS with %s failed: %s", a->addr, why);
-	} else if (what & BEV_EVENT_ERROR) {
-		snprintf(why, sizeof(why), "%s", evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
-	}
-	agent_kill(a, why);
+	if (tlink_event_text(bev, what, why, sizeof(why)) && !a->link.established)
+		api->log(me, LK_LOG_WARNING, "relay: TLS with %s failed: %s", a->addr, why);
+	tlink_kill(&a->link, why);
 }
 
 static void agent_tick_cb(evutil_socket_t fd, short what, void *arg)
 {
-	struct agent *a = arg;
+	struct agent *a = TLINK_OWNER(arg, struct agent, link);
 	uint64_t now = now_ms(), next;
-	struct timeval tv;
 
 	(void)fd;
 	(void)what;
-	if (a->dying)
+	if (a->link.dying)
 		return;
-	if (!a->established && now - a->started_ms > HELLO_DEADLINE_MS) {
+	if (!a->link.established && now - a->link.started_ms > HELLO_DEADLINE_MS) {
 		api->log(me, LK_LOG_WARNING, "relay: %s sent no valid HELLO within %d s", a->addr,
 			 HELLO_DEADLINE_MS / 1000);
-		agent_kill(a, "no HELLO");
+		tlink_kill(&a->link, "no HELLO");
 		return;
 	}
-	next = mux_tick(a->s, now);
-	if (next <= now)
-		next = now + 1;
-	if (!a->established && next > a->started_ms + HELLO_DEADLINE_MS + 1)
-		next = a->started_ms + HELLO_DEADLINE_MS + 1;
-	tv.tv_sec = (time_t)((next - now) / 1000);
-	tv.tv_usec = (suseconds_t)((next - now) % 1000 * 1000);
-	evtimer_add(a->tick, &tv);
-	agent_flush(a);
+	next = mux_tick(a->link.s, now);
+	if (!a->link.established && next > a->link.started_ms + HELLO_DEADLINE_MS + 1)
+		next = a->link.started_ms + HELLO_DEADLINE_MS + 1;
+	tlink_arm(&a->link, now, next);
+	tlink_flush(&a->link);
 }
 
 static void accept_cb(struct evconnlistener *lis, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg)
@@ -685,23 +491,20 @@ static void accept_cb(struct evconnlistener *lis, evutil_socket_t fd, struct soc
 	struct agent *a;
 	SSL *ssl;
 	char host[INET6_ADDRSTRLEN] = "?", port[8] = "0";
+	int pending = 0;
 
 	(void)lis;
 	(void)arg;
 	getnameinfo(sa, (socklen_t)salen, host, sizeof(host), port, sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV);
-	{
-		int pending = 0;
-
-		for (struct agent *x = R.agents; x; x = x->next)
-			pending += !x->established && !x->dying;
-		if (pending >= MAX_HANDSHAKES) {
-			R.refused_handshakes++;
-			if (R.refused_handshakes == 1 || R.refused_handshakes % 1000 == 0)
-				api->log(me, LK_LOG_WARNING, "relay: connection from %s:%s closed: %d handshakes in progress",
-					 host, port, MAX_HANDSHAKES);
-			evutil_closesocket(fd);
-			return;
-		}
+	for (struct agent *x = R.agents; x; x = x->next)
+		pending += !x->link.established && !x->link.dying;
+	if (pending >= MAX_HANDSHAKES) {
+		R.refused_handshakes++;
+		if (R.refused_handshakes == 1 || R.refused_handshakes % 1000 == 0)
+			api->log(me, LK_LOG_WARNING, "relay: connection from %s:%s closed: %d handshakes in progress",
+				 host, port, MAX_HANDSHAKES);
+		evutil_closesocket(fd);
+		return;
 	}
 	a = calloc(1, sizeof(*a));
 	ssl = a ? SSL_new(R.ctx) : NULL;
@@ -711,30 +514,16 @@ static void accept_cb(struct evconnlistener *lis, evutil_socket_t fd, struct soc
 		return;
 	}
 	snprintf(a->addr, sizeof(a->addr), "%s:%s", host, port);
-	a->started_ms = now_ms();
-	a->s = mux_session_new(MUX_ROLE_RELAY, &R.settings, &relay_cb, a);
-	a->bev = bufferevent_openssl_socket_new(api->event_base(), fd, ssl, BUFFEREVENT_SSL_ACCEPTING,
-						BEV_OPT_CLOSE_ON_FREE);
-	a->tick = evtimer_new(api->event_base(), agent_tick_cb, a);
-	if (!a->s || !a->bev || !a->tick) {
-		if (!a->bev) {
-			SSL_free(ssl);
-			evutil_closesocket(fd);
-		} else {
-			bufferevent_free(a->bev);
-		}
-		mux_session_free(a->s);
-		if (a->tick)
-			event_free(a->tick);
+	if (!tlink_open(&a->link, api->event_base(), ssl, fd, BUFFEREVENT_SSL_ACCEPTING, MUX_ROLE_RELAY, &R.settings,
+			&relay_cb, a, &agent_ops, agent_tick_cb)) {
 		free(a);
 		return;
 	}
+	a->link.tls_up = true;	/* output waits in the bufferevent until the handshake is done */
 	a->next = R.agents;
 	R.agents = a;
-	bufferevent_setcb(a->bev, agent_read_cb, agent_write_cb, agent_event_cb, a);
-	bufferevent_setwatermark(a->bev, EV_WRITE, OUT_LOW_WATER / 2, 0);
-	bufferevent_enable(a->bev, EV_READ | EV_WRITE);
-	agent_tick_cb(-1, 0, a);
+	tlink_start(&a->link, agent_event_cb);
+	agent_tick_cb(-1, 0, &a->link);
 }
 
 /* ================= the transport ================= */
@@ -748,10 +537,57 @@ static void accept_cb(struct evconnlistener *lis, evutil_socket_t fd, struct soc
 static struct agent *site_agent(const struct site *site)
 {
 	for (struct agent *a = R.agents; a; a = a->next)
-		if (a->site == site && a->established && !a->dying && !a->close_when_flushed &&
-		    !mux_going_away(a->s) && !mux_failed(a->s))
+		if (a->site == site && a->link.established && !a->link.dying && !a->link.close_when_flushed &&
+		    !mux_going_away(a->link.s) && !mux_failed(a->link.s))
 			return a;
 	return NULL;
+}
+
+/*
+ * May `site` open one more stream? Over all agents the relay holds at most
+ * max_streams; each connected site is owed a share of them,
+ * max(site_min_streams, max_streams / connected sites). A site below its
+ * share may take a stream; one at or above it only while the free streams
+ * exceed what the other connected sites still lack of their shares, so a
+ * busy site can use what the others leave idle but never what they are
+ * owed. O(agents). On refusal, msg says why.
+ */
+static bool fair_share(const struct site *site, char *msg, size_t mlen)
+{
+	unsigned n_sites = 0, share, owed = 0, mine = 0;
+
+	if (++R.pass == 0)
+		R.pass = 1;
+	for (struct agent *a = R.agents; a; a = a->next) {
+		struct site *s = a->site;
+
+		if (!s || a->link.dying || !a->link.established)
+			continue;
+		if (s->mark != R.pass) {
+			s->mark = R.pass;
+			s->streams = 0;
+			n_sites++;
+		}
+		s->streams += a->n_streams;
+	}
+	share = R.max_streams / (n_sites ? n_sites : 1);
+	if (share < R.min_share)
+		share = R.min_share;
+	for (int i = 0; i < R.n_sites; i++) {
+		struct site *s = &R.sites[i];
+
+		if (s->mark != R.pass)
+			continue;
+		if (s == site)
+			mine = s->streams;
+		else if (s->streams < share)
+			owed += share - s->streams;
+	}
+	if (mine < share || R.max_streams - R.n_streams > owed)
+		return true;
+	snprintf(msg, mlen, "site \"%s\" holds %u streams, its fair share of max_streams (%u) with %u sites connected",
+		 site->name, mine, R.max_streams, n_sites);
+	return false;
 }
 
 static int tunnel_connect(lk_plugin *self, lk_connect *req)
@@ -767,11 +603,15 @@ static int tunnel_connect(lk_plugin *self, lk_connect *req)
 	char msg[256];
 
 	(void)self;
+	if (R.draining) {
+		api->connect_failed(req, "the relay is shutting down");
+		return LK_ERROR;
+	}
 	for (int i = 0; site_name && i < R.n_sites; i++)
 		if (strcmp(R.sites[i].name, site_name) == 0)
 			site = &R.sites[i];
 	if (!site) {
-		snprintf(msg, sizeof(msg), "no tunnel site \"%s\" in [plugin.relay] sites (host= names the site)",
+		snprintf(msg, sizeof(msg), "no tunnel site \"%s\" in [plugin.relay] sites (site= names the site)",
 			 site_name ? site_name : "");
 		api->connect_failed(req, msg);
 		return LK_ERROR;
@@ -790,6 +630,13 @@ static int tunnel_connect(lk_plugin *self, lk_connect *req)
 		api->connect_failed(req, msg);
 		return LK_ERROR;
 	}
+	if (!api->connect_is_cancel(req) && !fair_share(site, msg, sizeof(msg))) {
+		if (R.refused_share++ % 1000 == 0)
+			api->log(me, LK_LOG_WARNING, "relay: stream refused: %s (%lld refused so far)", msg,
+				 R.refused_share);
+		api->connect_failed(req, msg);
+		return LK_ERROR;
+	}
 	if (!db || !*db || strlen(db) > MUX_NAME_MAX) {
 		api->connect_failed(req, "the database name must be 1..63 bytes for the tunnel");
 		return LK_ERROR;
@@ -800,8 +647,8 @@ static int tunnel_connect(lk_plugin *self, lk_connect *req)
 	}
 	st = calloc(1, sizeof(*st));
 	if (st)
-		st->pair = bufferevent_socket_new(api->event_base(), sv[1], BEV_OPT_CLOSE_ON_FREE);
-	if (!st || !st->pair) {
+		st->ts.bev = bufferevent_socket_new(api->event_base(), sv[1], BEV_OPT_CLOSE_ON_FREE);
+	if (!st || !st->ts.bev) {
 		free(st);
 		close(sv[0]);
 		close(sv[1]);
@@ -809,6 +656,8 @@ static int tunnel_connect(lk_plugin *self, lk_connect *req)
 		return LK_ERROR;
 	}
 	st->a = agent;
+	st->ts.l = &agent->link;
+	st->ts.ready = true;
 	st->req = req;
 	st->core_fd = sv[0];
 	st->is_cancel = api->connect_is_cancel(req) != 0;
@@ -816,9 +665,9 @@ static int tunnel_connect(lk_plugin *self, lk_connect *req)
 	memset(&op, 0, sizeof(op));
 	snprintf(op.db_key, sizeof(op.db_key), "%s", db);
 	snprintf(op.client_id, sizeof(op.client_id), "%s%s", api->connect_database(req), st->is_cancel ? "/cancel" : "");
-	st->id = mux_open(st->a->s, &op, st, &err);
-	if (!st->id) {
-		bufferevent_free(st->pair);
+	st->ts.id = mux_open(st->a->link.s, &op, st, &err);
+	if (!st->ts.id) {
+		bufferevent_free(st->ts.bev);
 		close(sv[0]);
 		free(st);
 		snprintf(msg, sizeof(msg), "cannot open a stream to site \"%s\": %s", site->name, mux_error_name(err));
@@ -829,11 +678,8 @@ static int tunnel_connect(lk_plugin *self, lk_connect *req)
 	st->a->n_streams++;
 	st->next = R.streams;
 	R.streams = st;
-	bufferevent_setcb(st->pair, pair_read_cb, pair_write_cb, pair_event_cb, st);
-	bufferevent_setwatermark(st->pair, EV_READ, 0, PAIR_READ_HIGH);
-	evbuffer_add_cb(bufferevent_get_output(st->pair), pair_out_cb, st);
-	bufferevent_enable(st->pair, EV_READ | EV_WRITE);
-	agent_flush(st->a);
+	tlink_stream_attach(&st->ts, pair_event_cb);
+	tlink_flush(&st->a->link);
 	return LK_ASYNC;
 }
 
@@ -847,14 +693,19 @@ static int on_config_check(lk_plugin *self, lk_event *ev)
 	unsigned ms;
 	const char *cert = api->config_get(ev, "cert_file"), *key = api->config_get(ev, "key_file");
 	SSL_CTX *ctx;
+	bool reuse;
 
 	(void)self;
 	if (!parse_sites(api->config_get(ev, "sites"), NULL, NULL, why, sizeof(why)))
 		return api->config_error(ev, "sites", "%s", why);
 	if (!parse_max_streams(api->config_get(ev, "max_streams"), &ms))
 		return api->config_error(ev, "max_streams", "must be a number 1..%d", MUX_MAX_STREAMS_CAP);
+	if (!parse_max_streams(api->config_get(ev, "site_min_streams"), &ms))
+		return api->config_error(ev, "site_min_streams", "must be a number 1..%d", MUX_MAX_STREAMS_CAP);
 	if (!parse_listen(api->config_get(ev, "listen"), &ss, &len))
 		return api->config_error(ev, "listen", "must be a numeric ADDRESS:PORT (127.0.0.1:7000, [::1]:7000)");
+	if (!parse_bool(api->config_get(ev, "so_reuseport"), &reuse))
+		return api->config_error(ev, "so_reuseport", "must be 0 or 1");
 	if (!cert || !*cert)
 		return api->config_error(ev, "cert_file", "the relay needs a certificate (TLS 1.3 only)");
 	if (!key || !*key)
@@ -886,9 +737,9 @@ static int on_config_apply(lk_plugin *self, lk_event *ev)
 					ns = &sites[i];
 			a->site = ns;
 			if (!ns) {
-				mux_goaway(a->s, MUX_E_UNAUTHORIZED, 0, "site removed or token changed");
-				a->close_when_flushed = true;
-				agent_flush(a);
+				mux_goaway(a->link.s, MUX_E_UNAUTHORIZED, 0, "site removed or token changed");
+				a->link.close_when_flushed = true;
+				tlink_flush(&a->link);
 			}
 		}
 		free(R.sites);
@@ -896,6 +747,7 @@ static int on_config_apply(lk_plugin *self, lk_event *ev)
 		R.n_sites = n;
 	}
 	parse_max_streams(api->config_get(ev, "max_streams"), &R.max_streams);
+	parse_max_streams(api->config_get(ev, "site_min_streams"), &R.min_share);
 	if (!R.ctx) {
 		R.ctx = make_ctx(api->config_get(ev, "cert_file"), api->config_get(ev, "key_file"), why, sizeof(why));
 		if (!R.ctx)
@@ -908,13 +760,15 @@ static int on_config_apply(lk_plugin *self, lk_event *ev)
 			R.ctx = ctx;
 		}
 	}
-	if (!R.lis) {
+	if (!R.lis && !R.draining) {
 		struct sockaddr_storage ss;
 		int len;
 
+		parse_bool(api->config_get(ev, "so_reuseport"), &R.reuseport);
 		if (parse_listen(api->config_get(ev, "listen"), &ss, &len)) {
 			R.lis = evconnlistener_new_bind(api->event_base(), accept_cb, NULL,
-							LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC,
+							LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC |
+							(R.reuseport ? LEV_OPT_REUSEABLE_PORT : 0),
 							128, (struct sockaddr *)&ss, len);
 			if (!R.lis)
 				api->log(me, LK_LOG_ERROR, "relay: cannot listen on %s: %s", api->config_get(ev, "listen"),
@@ -924,6 +778,61 @@ static int on_config_apply(lk_plugin *self, lk_event *ev)
 					 api->config_get(ev, "listen"));
 		}
 	}
+	return LK_CONTINUE;
+}
+
+/* ================= shutdown: drain ================= */
+
+/* The drain deadline: whatever is still open is reset, every session closed. */
+static void drain_deadline(lk_plugin *self, void *arg)
+{
+	unsigned n = 0;
+
+	(void)self;
+	(void)arg;
+	R.drain_timer = NULL;
+	for (struct agent *a = R.agents; a; a = a->next)
+		if (!a->link.dying) {
+			n += a->n_streams;
+			tlink_kill(&a->link, "the relay is shutting down");
+		}
+	if (n)
+		api->log(me, LK_LOG_WARNING, "relay: drain deadline (%d s): %u streams reset", DRAIN_MS / 1000, n);
+}
+
+/*
+ * A shutdown begins (SIGTERM, SIGINT, SHUTDOWN ...): stop accepting agents
+ * (in a rolling restart the new process takes them), tell each agent
+ * GOAWAY(RELAY_RESTART, reconnect now), open no more streams; a session
+ * closes when its last stream does, and DRAIN_MS later whatever is left is
+ * reset so the server connections it carries end and the process can exit.
+ */
+static int on_shutdown(lk_plugin *self, lk_event *ev)
+{
+	unsigned agents = 0;
+
+	(void)ev;
+	if (R.draining)
+		return LK_CONTINUE;
+	R.draining = true;
+	if (R.lis)
+		evconnlistener_free(R.lis);
+	R.lis = NULL;
+	for (struct agent *a = R.agents; a; a = a->next) {
+		if (a->link.dying)
+			continue;
+		if (a->link.established) {
+			mux_goaway(a->link.s, MUX_E_RELAY_RESTART, 0, "the relay is shutting down");
+			agents++;
+		} else {
+			a->link.close_when_flushed = true;
+		}
+		tlink_flush(&a->link);
+	}
+	api->log(me, LK_LOG_INFO, "relay: shutting down: %u agents told to reconnect, %u streams left (reset after %d s)",
+		 agents, R.n_streams, DRAIN_MS / 1000);
+	if (R.n_streams)
+		R.drain_timer = api->timer_add(self, (uint64_t)DRAIN_MS * 1000u, 0, drain_deadline, NULL);
 	return LK_CONTINUE;
 }
 
@@ -944,23 +853,23 @@ static int cmd_agents(lk_plugin *self, lk_result *res, const char *args)
 		const char *row[8];
 		struct tm tm;
 
-		if (a->established) {
+		if (a->link.established) {
 			gmtime_r(&a->since, &tm);
 			strftime(since, sizeof(since), "%Y-%m-%d %H:%M:%S UTC", &tm);
 		}
 		snprintf(b[0], 24, "%u", a->n_streams);
-		snprintf(b[1], 24, "%lld", a->bytes_in);
-		snprintf(b[2], 24, "%lld", a->bytes_out);
+		snprintf(b[1], 24, "%lld", a->link.bytes_in);
+		snprintf(b[2], 24, "%lld", a->link.bytes_out);
 		snprintf(b[3], 24, "%lld", a->rtt_ms);
 		row[0] = a->site_name[0] ? a->site_name : NULL;
 		row[1] = a->addr;
-		row[2] = a->established ? since : NULL;
+		row[2] = a->link.established ? since : NULL;
 		row[3] = b[0];
 		row[4] = b[1];
 		row[5] = b[2];
-		row[6] = a->established ? b[3] : NULL;
-		row[7] = a->dying ? "closing" : !a->established ? "handshake" :
-			 mux_going_away(a->s) || !a->site ? "draining" : "active";
+		row[6] = a->link.established ? b[3] : NULL;
+		row[7] = a->link.dying ? "closing" : !a->link.established ? "handshake" :
+			 mux_going_away(a->link.s) || !a->site ? "draining" : "active";
 		api->result_row(res, row);
 	}
 	return LK_HANDLED;
@@ -979,13 +888,13 @@ static int cmd_streams(lk_plugin *self, lk_result *res, const char *args)
 		char b[3][24];
 		const char *row[7];
 
-		snprintf(b[0], 24, "%u", st->id);
-		snprintf(b[1], 24, "%lld", st->bytes_in);
-		snprintf(b[2], 24, "%lld", st->bytes_out);
+		snprintf(b[0], 24, "%u", st->ts.id);
+		snprintf(b[1], 24, "%lld", st->ts.bytes_in);
+		snprintf(b[2], 24, "%lld", st->ts.bytes_out);
 		row[0] = b[0];
 		row[1] = st->a ? st->a->site_name : NULL;
 		row[2] = st->db;
-		row[3] = st->req ? "opening" : st->fin_in || st->pair_eof ? "closing" : "open";
+		row[3] = st->req ? "opening" : st->ts.fin_in || st->ts.eof ? "closing" : "open";
 		row[4] = st->is_cancel ? "t" : "f";
 		row[5] = b[1];
 		row[6] = b[2];
@@ -1004,7 +913,7 @@ static void metric_agents(lk_plugin *self, lk_metrics *m, void *arg)
 		const char *labels[] = { "site", R.sites[i].name, NULL };
 
 		for (struct agent *a = R.agents; a; a = a->next)
-			if (a->site == &R.sites[i] && a->established && !a->dying) {
+			if (a->site == &R.sites[i] && a->link.established && !a->link.dying) {
 				n++;
 				streams += a->n_streams;
 			}
@@ -1015,27 +924,25 @@ static void metric_agents(lk_plugin *self, lk_metrics *m, void *arg)
 static void metric_refused(lk_plugin *self, lk_metrics *m, void *arg)
 {
 	const char *auth[] = { "reason", "token", NULL }, *streams[] = { "reason", "max_streams", NULL },
-		   *hs[] = { "reason", "handshakes", NULL };
+		   *hs[] = { "reason", "handshakes", NULL }, *share[] = { "reason", "fair_share", NULL };
 
 	(void)self;
 	(void)arg;
 	api->metric_sample(m, auth, (double)R.refused_auth);
 	api->metric_sample(m, streams, (double)R.refused_streams);
 	api->metric_sample(m, hs, (double)R.refused_handshakes);
+	api->metric_sample(m, share, (double)R.refused_share);
 }
 
 /* ================= init ================= */
 
 static int relay_init(lk_plugin *self, const lk_api *a)
 {
-	const char *w = getenv("LOKADB_MUX_WINDOW_KB");
-
 	api = a;
 	me = self;
 	R.max_streams = MUX_MAX_STREAMS_DEFAULT;
-	mux_settings_default(&R.settings);
-	if (w && atol(w) > 0 && atol(w) <= (long)(MUX_WINDOW_MAX / 1024))
-		R.settings.stream_window = (uint32_t)atol(w) * 1024u;
+	R.min_share = 64;
+	tlink_settings(&R.settings);
 	if (a->transport_register(self, "tunnel", tunnel_connect) != 0 ||
 	    a->hook(self, LK_HOOK_CONFIG_CHECK, on_config_check, 0) != 0 ||
 	    a->hook(self, LK_HOOK_CONFIG_APPLY, on_config_apply, 0) != 0 ||
@@ -1045,6 +952,10 @@ static int relay_init(lk_plugin *self, const lk_api *a)
 	    a->config_declare(self, "sites", "",
 			      "SITE:SHA256HEX, ...: each site's agent token, as the SHA-256 of the token in hex") != 0 ||
 	    a->config_declare(self, "max_streams", "2048", "most tunnel streams over all agents") != 0 ||
+	    a->config_declare(self, "site_min_streams", "64",
+			      "each connected site's fair share of max_streams is at least this many") != 0 ||
+	    a->config_declare(self, "so_reuseport", "0",
+			      "1: bind listen with SO_REUSEPORT, so a new process can take over (rolling restart)") != 0 ||
 	    a->console_register(self, "SHOW AGENTS", 0, cmd_agents, "agents connected to the relay") != 0 ||
 	    a->console_register(self, "SHOW STREAMS", 0, cmd_streams, "tunnel streams of the relay") != 0) {
 		a->init_error(self, "registration failed");
@@ -1056,11 +967,13 @@ static int relay_init(lk_plugin *self, const lk_api *a)
 	     a->metric_register(self, "streams", LK_METRIC_GAUGE, "open tunnel streams, per site", metric_agents,
 				(void *)1) != 0 ||
 	     a->metric_register(self, "refused", LK_METRIC_COUNTER,
-				"agents refused (token), streams refused (max_streams), connections closed (handshakes)",
+				"agents refused (token), streams refused (max_streams, fair_share), connections closed (handshakes)",
 				metric_refused, NULL) != 0)) {
 		a->init_error(self, "metric registration failed");
 		return -1;
 	}
+	if (a->hook(self, LK_HOOK_SHUTDOWN, on_shutdown, 0) != 0)
+		a->log(self, LK_LOG_WARNING, "relay: this lokadb has no SHUTDOWN hook (ABI 1.6): no drain at shutdown");
 	return 0;
 }
 

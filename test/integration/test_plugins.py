@@ -9,6 +9,7 @@ test/plugins/ (built by `make test-plugins` into LOKADB_TEST_PLUGIN_DIR)."""
 
 import os
 import re
+import signal
 import shutil
 import struct
 import time
@@ -26,7 +27,7 @@ PLUGIN_DIR = os.environ.get("LOKADB_TEST_PLUGIN_DIR") or str(
     (HERE / "../../build/rel/test-plugins").resolve())
 
 HOOK_NAMES = ["CONFIG_CHECK", "CONFIG_APPLY", "CLIENT_STARTUP", "AUTH_LOOKUP", "QUERY", "ROUTE",
-              "TXN_END", "CLIENT_CLOSE", "SERVER_CLOSE"]
+              "TXN_END", "CLIENT_CLOSE", "SERVER_CLOSE", "SHUTDOWN"]
 PLUGIN_COLUMNS = ["name", "version", "abi", "path", "hooks", "transports", "commands", "state"]
 OID_TEXT, OID_INT8 = 25, 20
 
@@ -1087,3 +1088,14 @@ def test_transport_answer_after_the_core_gave_up_on_the_server(bouncer_factory, 
     assert int(t_stats(b)["server_closes"]) >= 1
     assert b.alive()
     assert_serves(b, "p0", "pooluser1")
+
+
+def test_the_shutdown_hook_runs_once_when_a_shutdown_begins(bouncer_factory):
+    b = hooks(bouncer_factory)
+    c = b.connect("p0")                                  # keeps SIGTERM waiting
+    assert "t_hooks: SHUTDOWN hook" not in b.log()
+    b.send_signal(signal.SIGTERM)
+    wait_until(lambda: "t_hooks: SHUTDOWN hook" in b.log(), 5 * SLOW, what="the SHUTDOWN hook")
+    c.close()
+    assert b.wait_exit(5), "lokadb did not exit once its client left"
+    assert b.log().count("t_hooks: SHUTDOWN hook") == 1

@@ -72,23 +72,26 @@ class Tunnel:
         self.relay = None
         self.agent = None
 
-    def relay_raw(self, sites=None, max_streams=None):
+    def relay_raw(self, sites=None, max_streams=None, extra=""):
         sites = sites or f"acme:{sha256_hex(TOKEN)}, beta:{sha256_hex(OTHER_TOKEN)}"
         raw = (f"[plugin.relay]\nlisten = 127.0.0.1:{self.relay_port}\n"
                f"cert_file = {self.certs / 'relay.pem'}\nkey_file = {self.certs / 'relay.key'}\n"
                f"sites = {sites}\n")
         if max_streams:
             raw += f"max_streams = {max_streams}\n"
-        return raw
+        return raw + extra
 
-    def start_relay(self, settings=None, **kw):
-        dbs = {"org_a": f"transport=tunnel host=acme dbname={DB} pool_mode=transaction pool_size=5",
-               "org_a_session": f"transport=tunnel host=acme dbname={DB}",
-               "org_b": f"transport=tunnel host=beta dbname={DB} pool_mode=transaction",
+    def relay_databases(self):
+        return {"org_a": f"transport=tunnel site=acme dbname={DB} pool_mode=transaction pool_size=5",
+               "org_a_session": f"transport=tunnel host=acme dbname={DB}",   # host= is an alias of site=
+               "org_b": f"transport=tunnel site=beta dbname={DB} pool_mode=transaction",
+               "org_b_session": f"transport=tunnel site=beta dbname={DB}",
                "org_a_nodb": "transport=tunnel host=acme dbname=p0 pool_mode=transaction",
                "org_a_p2": "transport=tunnel host=acme dbname=p2 pool_mode=transaction"}
-        self.relay = self.factory(settings={"plugins": "relay", **(settings or {})}, databases=dbs,
-                                  raw=self.relay_raw(**kw))
+
+    def start_relay(self, settings=None, **kw):
+        self.relay = self.factory(settings={"plugins": "relay", **(settings or {})},
+                                  databases=self.relay_databases(), raw=self.relay_raw(**kw))
         return self.relay
 
     def agent_raw(self, token=TOKEN, verify="pin", site="acme", max_conns=100):
@@ -199,6 +202,16 @@ def test_show_streams_lists_open_streams(tunnel):
         rows = tunnel.relay.admin_dicts("SHOW STREAMS")
         assert any(r["site"] == "acme" and r["db"] == DB and r["state"] == "open" for r in rows), rows
         assert int(tunnel.agent_row()["streams"]) >= 1
+
+
+def test_site_option_and_its_host_alias_reach_the_same_site(tunnel):
+    with tunnel.connect("org_a") as a, tunnel.connect("org_a_session") as b:   # site=acme, host=acme
+        assert a.execute("select current_database()").fetchone()[0] == DB
+        assert b.execute("select current_database()").fetchone()[0] == DB
+        streams = tunnel.relay.admin_dicts("SHOW STREAMS")
+        assert sum(r["site"] == "acme" and r["state"] == "open" for r in streams) >= 2, streams
+    dbs = {r["name"]: r for r in tunnel.relay.admin_dicts("SHOW DATABASES")}
+    assert dbs["org_a"]["host"] == dbs["org_a_session"]["host"] == "acme"
 
 
 def test_unknown_database_at_the_agent_is_refused_clearly(tunnel):
@@ -427,8 +440,10 @@ def test_agent_reload_changes_the_allow_list_and_keeps_the_session(tunnel):
     dials = int(tunnel.agent_row()["dials"])
     raw = tunnel.agent_raw().replace("databases = ", f"databases = p0:host=127.0.0.1 port={tunnel.pg.port}, ")
     tunnel.agent.write_ini(raw=raw)
-    tunnel.agent.reload()
-    with tunnel.relay.connect("org_a_nodb", USER) as c:
-        wait_until(lambda: c.execute("select current_database()").fetchone()[0] == "p0", 5 * SLOW,
-                   what="p0 through the tunnel")
+    tunnel.agent.reload()                                  # SIGHUP: applied asynchronously
+
+    def p0():
+        with tunnel.relay.connect("org_a_nodb", USER) as c:
+            return c.execute("select current_database()").fetchone()[0] == "p0"
+    wait_until(p0, 5 * SLOW, what="p0 through the tunnel")
     assert int(tunnel.agent_row()["dials"]) == dials       # same relay, site and token: same session

@@ -491,6 +491,13 @@ static int on_server_close(lk_plugin *self, lk_event *ev)
 	return LK_CONTINUE;
 }
 
+static int on_shutdown(lk_plugin *self, lk_event *ev)
+{
+	(void)ev;
+	api->log(self, LK_LOG_INFO, "t_hooks: SHUTDOWN hook");
+	return LK_CONTINUE;
+}
+
 /* ------------------------------------------------------------ console -- */
 
 static long service_answer(void)
@@ -783,6 +790,7 @@ static int t_init(lk_plugin *self, const lk_api *a)
 		[LK_HOOK_TXN_END] = on_txn_end,
 		[LK_HOOK_CLIENT_CLOSE] = on_client_close,
 		[LK_HOOK_SERVER_CLOSE] = on_server_close,
+		[LK_HOOK_SHUTDOWN] = on_shutdown,
 	};
 	size_t i;
 	int h;
