@@ -335,7 +335,7 @@ static const struct conn_key db_keys[] = {
 	{ "pool_size", KEY_COUNT, DB(pool_size), "default_pool_size", "Server connections per user for this database." },
 	{ "min_pool_size", KEY_COUNT, DB(min_pool_size), "min_pool_size", "Server connections kept open per pool." },
 	{ "reserve_pool_size", KEY_COUNT, DB(reserve_pool_size), "reserve_pool_size",
-	  "Extra connections allowed after reserve_pool_timeout (PgBouncer also spells it reserve_pool)." },
+	  "Extra connections allowed after reserve_pool_timeout; a [users] entry's reserve_pool_size wins over it (PgBouncer also spells it reserve_pool)." },
 	{ "reserve_pool", KEY_COUNT, DB(reserve_pool_size), "reserve_pool_size", "Alias of reserve_pool_size." },
 	{ "pool_mode", KEY_POOL_MODE, DB(pool_mode), "pool_mode", "Pool mode for this database." },
 	{ "max_db_connections", KEY_COUNT, DB(max_db_connections), "max_db_connections",
@@ -347,6 +347,10 @@ static const struct conn_key db_keys[] = {
 	{ "datestyle", KEY_STR, DB(datestyle), "", "DateStyle sent to the server at connect." },
 	{ "timezone", KEY_STR, DB(timezone), "", "TimeZone sent to the server at connect." },
 	{ "application_name", KEY_STR, DB(application_name), "", "application_name sent to the server at connect." },
+	{ "server_lifetime", KEY_TIME, DB(server_lifetime), "server_lifetime",
+	  "server_lifetime for this database's server connections (0 = the global setting)." },
+	{ "query_wait_timeout", KEY_TIME, DB(query_wait_timeout), "query_wait_timeout",
+	  "query_wait_timeout for this database's clients (0 = wait forever); a [users] entry's value wins over it." },
 	{ "transport", KEY_STR, DB(transport), "tcp/unix",
 	  "Name of a plugin transport that opens this entry's server connections (see doc/plugins.md)." },
 	{ NULL, KEY_STR, 0, NULL, NULL }
@@ -368,6 +372,10 @@ static const struct conn_key user_keys[] = {
 	  "client_idle_timeout for this user's clients (0 = the global setting)." },
 	{ "transaction_timeout", KEY_TIME, USR(transaction_timeout), "transaction_timeout",
 	  "transaction_timeout for this user's clients (0 = the global setting)." },
+	{ "reserve_pool_size", KEY_COUNT, USR(reserve_pool_size), "the database's reserve_pool_size",
+	  "Reserve pool of this user's pools; wins over the database's and the global reserve_pool_size (as PgBouncer 1.24)." },
+	{ "query_wait_timeout", KEY_TIME, USR(query_wait_timeout), "the database's query_wait_timeout",
+	  "query_wait_timeout for this user's clients (0 = wait forever); wins over the database's and the global value." },
 	{ NULL, KEY_STR, 0, NULL, NULL }
 };
 
@@ -385,8 +393,7 @@ static const struct conn_key peer_keys[] = {
 /* Connection-string options PgBouncer knows that we do not implement (in [databases] or [users]). */
 static const char *const pgb_conn_unsupported[] = {
 	"auth_dbname", "auth_query", "client_idle_timeout", "idle_transaction_timeout",
-	"load_balance_hosts", "query_timeout", "query_wait_timeout", "reserve_pool_size", "server_lifetime",
-	"transaction_timeout", NULL
+	"load_balance_hosts", "query_timeout", "transaction_timeout", NULL
 };
 
 /* Database names taken by the admin console. */
@@ -1289,7 +1296,7 @@ static bool load_database(struct loader *ld, const char *section, const char *ke
 	struct lk_config *cf = ld->cf;
 	struct db_conf d = { .port = DEFAULT_DB_PORT, .pool_size = -1, .min_pool_size = -1,
 			     .reserve_pool_size = -1, .pool_mode = -1, .max_db_connections = -1,
-			     .max_db_client_connections = -1 };
+			     .max_db_client_connections = -1, .query_wait_timeout = -1 };
 	char what[REASON_LEN];
 	struct db_conf *grown;
 	int i;
@@ -1332,7 +1339,8 @@ static bool load_user(struct loader *ld, const char *section, const char *key, c
 {
 	struct lk_config *cf = ld->cf;
 	struct user_conf u = { .pool_mode = -1, .pool_size = -1, .max_user_connections = -1,
-			       .max_user_client_connections = -1 };
+			       .max_user_client_connections = -1, .reserve_pool_size = -1,
+			       .query_wait_timeout = -1 };
 	char what[REASON_LEN];
 	struct user_conf *grown;
 	int i;

@@ -71,6 +71,8 @@ struct db_conf {
 	char *timezone;
 	char *application_name;
 	char *transport;	/* plugin transport name, or NULL for TCP/unix */
+	usec_t server_lifetime;		/* 0 = the global setting */
+	usec_t query_wait_timeout;	/* -1 = the global setting; 0 = wait forever */
 	int line;		/* line in the ini file */
 };
 
@@ -85,6 +87,8 @@ struct user_conf {
 	usec_t idle_transaction_timeout;
 	usec_t client_idle_timeout;
 	usec_t transaction_timeout;
+	int reserve_pool_size;		/* -1 = the database's, else the global setting */
+	usec_t query_wait_timeout;	/* -1 = the database's, else the global setting; 0 = wait forever */
 	int line;
 };
 

@@ -165,9 +165,28 @@ int pool_size_of(const struct pool *p)
 	return rt->cf->default_pool_size;
 }
 
+/* The reserve pool: the user's [users] reserve_pool_size, else the database's, else the global one (PgBouncer 1.24). */
 static int reserve_size_of(const struct pool *p)
 {
+	const struct user_conf *uc = config_find_user(rt->cf, p->user);
+	if (uc && uc->reserve_pool_size >= 0)
+		return uc->reserve_pool_size;
 	return p->db->conf.reserve_pool_size >= 0 ? p->db->conf.reserve_pool_size : rt->cf->reserve_pool_size;
+}
+
+/* query_wait_timeout: the user's [users] value, else the database's, else the global one (PgBouncer's order). */
+static usec_t query_wait_timeout_of(const struct pool *p)
+{
+	const struct user_conf *uc = config_find_user(rt->cf, p->user);
+	if (uc && uc->query_wait_timeout >= 0)
+		return uc->query_wait_timeout;
+	return p->db->conf.query_wait_timeout >= 0 ? p->db->conf.query_wait_timeout : rt->cf->query_wait_timeout;
+}
+
+/* server_lifetime: the database's, else the global one (0 = never). */
+static usec_t pool_server_lifetime(const struct lk_db *db)
+{
+	return db->conf.server_lifetime > 0 ? db->conf.server_lifetime : rt->cf->server_lifetime;
 }
 
 static int min_size_of(const struct pool *p)
@@ -490,7 +509,7 @@ static void pool_activate(struct pool *p)
 
 static bool server_expired(const struct server *s)
 {
-	usec_t life = rt->cf->server_lifetime;
+	usec_t life = pool_server_lifetime(s->pool->db);
 	return s->close_needed || s->pool->db->removed || (life > 0 && rt->now - s->created > life);
 }
 
@@ -811,6 +830,7 @@ static void janitor_clients(struct pool *p, usec_t now)
 	struct client *c, *tmp;
 	const struct lk_config *cf = rt->cf;
 	struct client_timeouts to;
+	usec_t wait_limit = query_wait_timeout_of(p);
 
 	pool_timeouts(p, &to);
 
@@ -818,7 +838,7 @@ static void janitor_clients(struct pool *p, usec_t now)
 		if (cf->client_login_timeout > 0 && now - c->login_start > cf->client_login_timeout)
 			client_close(c, "57014", "client_login_timeout (server down)");
 	TAILQ_FOREACH_SAFE(c, &p->waiting_clients, entry, tmp)
-		if (cf->query_wait_timeout > 0 && now - c->wait_start > cf->query_wait_timeout)
+		if (wait_limit > 0 && now - c->wait_start > wait_limit)
 			client_close(c, "57014", "query_wait_timeout");
 	TAILQ_FOREACH_SAFE(c, &p->active_clients, entry, tmp) {
 		struct server *s = c->link;

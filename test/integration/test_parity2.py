@@ -1,0 +1,161 @@
+# SPDX-License-Identifier: ISC
+"""PgBouncer 1.24 settings lokadb used to refuse: [databases] server_lifetime
+and query_wait_timeout, [users] query_wait_timeout and reserve_pool_size,
+query_wait_notify and cancel_wait_timeout."""
+
+import time
+
+from lokadb_harness import SLOW, BgCall, PgError, assert_error, backend_pid, wait_until
+
+WAIT = 2.5      # longer than every 1 s timeout below, with room for the janitor's tick
+
+
+def waiting_query_outcome(b, dbname, user="trustuser", timeout=8):
+    """Log in to dbname and run a query that has to wait for a server.
+    Returns (PgError or None, notices, seconds): the error that ended the wait,
+    the NOTICE messages seen before, and how long it took."""
+    start = time.monotonic()
+    w = b.wire(timeout=timeout)
+    err = w.login(user, dbname, raise_error=False)
+    notices = []
+    if err is None:
+        w.send_msg(b"Q", b"select 1\0")
+        deadline = time.monotonic() + timeout * SLOW
+        while err is None and time.monotonic() < deadline:
+            kind, fields = w.outcome(timeout)
+            if kind == "error":
+                err = PgError(fields)
+            elif kind == "closed":
+                break
+            elif fields[0] == b"N":
+                notices.append(fields[1])
+            elif fields[0] == b"Z":
+                break
+    return err, notices, time.monotonic() - start
+
+
+def srv(pg, dbname, extra=""):
+    """A [databases] line for a database of the test cluster."""
+    return f"host={pg.host} port={pg.port} dbname={dbname} {extra}".strip()
+
+
+# --------------------------------------------------------------------------
+# [databases] query_wait_timeout, [users] query_wait_timeout
+# --------------------------------------------------------------------------
+
+def test_a_database_query_wait_timeout_fails_its_waiters_only(bouncer_factory, pg):
+    b = bouncer_factory(settings={"default_pool_size": 1},
+                        databases={"qa": srv(pg, "p0", "query_wait_timeout=1"), "qb": srv(pg, "p1")})
+    holder_a = b.connect("qa")
+    backend_pid(holder_a)
+    holder_b = b.connect("qb")
+    backend_pid(holder_b)
+
+    err, _, elapsed = waiting_query_outcome(b, "qa")
+    assert_error(err, "57014", "query_wait_timeout")
+    assert 0.8 <= elapsed < 5 * SLOW, elapsed
+    b.wait_log("query_wait_timeout")
+
+    # qb keeps the global query_wait_timeout (120 s): its waiter is still waiting
+    def waiter():
+        with b.connect("qb") as c:
+            return c.execute("select 7").fetchone()[0]
+    call = BgCall(waiter)
+    assert not call.wait(WAIT), "the qb client should still be waiting"
+    holder_b.close()
+    assert call.result(5 * SLOW) == 7
+    assert holder_a.execute("select 1").fetchone()[0] == 1
+
+
+def test_a_users_query_wait_timeout_wins_over_the_database_and_global_ones(bouncer_factory, pg):
+    b = bouncer_factory(settings={"default_pool_size": 1},
+                        databases={"qa": srv(pg, "p0", "query_wait_timeout=0")},
+                        users={"trustuser": "query_wait_timeout=1"})
+    holder = b.connect("qa")
+    backend_pid(holder)
+    err, _, elapsed = waiting_query_outcome(b, "qa")
+    assert_error(err, "57014", "query_wait_timeout")
+    assert 0.8 <= elapsed < 5 * SLOW, elapsed
+
+    # without the user's value, the database's 0 means: wait for ever
+    b.write_ini(users={"trustuser": None})
+    b.reload()
+    wait_until(lambda: not any(r["name"] == "trustuser" for r in b.admin_dicts("SHOW USERS")), 3 * SLOW,
+               what="trustuser gone from SHOW USERS")
+
+    def waiter():
+        with b.connect("qa") as c:
+            return c.execute("select 8").fetchone()[0]
+    call = BgCall(waiter)
+    assert not call.wait(WAIT), "the client should still be waiting (query_wait_timeout=0)"
+    holder.close()
+    assert call.result(5 * SLOW) == 8
+
+
+# --------------------------------------------------------------------------
+# [databases] server_lifetime
+# --------------------------------------------------------------------------
+
+def test_a_database_server_lifetime_replaces_that_databases_servers_only(bouncer_factory, pg):
+    b = bouncer_factory(settings={"pool_mode": "transaction", "default_pool_size": 1},
+                        databases={"la": srv(pg, "p0", "server_lifetime=1"), "lb": srv(pg, "p1")})
+    dbs = {r["name"]: r for r in b.admin_dicts("SHOW DATABASES")}
+    assert dbs["la"]["server_lifetime"] == "1"
+    assert dbs["lb"]["server_lifetime"] == "3600"
+    assert dbs["p0"]["server_lifetime"] == "3600"
+
+    a = b.connect("la")
+    other = b.connect("lb")
+    first_a = backend_pid(a)
+    first_b = backend_pid(other)
+
+    def replaced():
+        time.sleep(0.2)
+        return backend_pid(a) != first_a
+    wait_until(replaced, 6 * SLOW, interval=0.1, what="a new server connection for la")
+    wait_until(lambda: not pg.backend_alive(first_a), 5 * SLOW, what="la's old backend to exit")
+    assert backend_pid(other) == first_b, "lb's server must live on (global server_lifetime 3600)"
+    assert pg.backend_alive(first_b)
+    b.wait_log("server lifetime over")
+
+
+# --------------------------------------------------------------------------
+# [users] reserve_pool_size
+# --------------------------------------------------------------------------
+
+def test_a_users_reserve_pool_size_grants_extra_servers_after_reserve_pool_timeout(bouncer_factory):
+    b = bouncer_factory(settings={"default_pool_size": 1, "reserve_pool_size": 0,
+                                  "reserve_pool_timeout": 0.5},
+                        users={"trustuser": "reserve_pool_size=1"})
+    users = {r["name"]: r for r in b.admin_dicts("SHOW USERS")}
+    assert users["trustuser"]["reserve_pool_size"] == "1"
+    holder = b.connect("p0")
+    pid = backend_pid(holder)
+
+    def second():
+        with b.connect("p0") as c:
+            return backend_pid(c)
+    call = BgCall(second)
+    other = call.result(5 * SLOW)
+    assert other != pid
+    assert 0.3 <= call.elapsed < 3 * SLOW, call.elapsed
+    b.wait_log("reserve pool")
+
+
+def test_a_users_reserve_pool_size_of_zero_wins_over_the_databases(bouncer_factory, pg):
+    b = bouncer_factory(settings={"default_pool_size": 1, "reserve_pool_timeout": 0.5},
+                        databases={"rp": srv(pg, "p0", "reserve_pool_size=1")},
+                        users={"trustuser": "reserve_pool_size=0"})
+    users = {r["name"]: r for r in b.admin_dicts("SHOW USERS")}
+    assert users["trustuser"]["reserve_pool_size"] == "0"
+    holder = b.connect("rp")
+    backend_pid(holder)
+
+    def second():
+        with b.connect("rp") as c:
+            return backend_pid(c)
+    call = BgCall(second)
+    assert not call.wait(WAIT), "no reserve server for this user: the client waits"
+    assert len(b.servers("rp")) == 1
+    holder.close()
+    call.result(5 * SLOW)
