@@ -188,8 +188,12 @@ const struct cf_setting config_settings[] = {
 	TIME_ROW(query_timeout, "0", true,
 		 "Close a client whose query runs for longer than this, with its server connection (0 = never); "
 		 "[users] may override it."),
+	TIME_ROW(query_wait_notify, "5", true,
+		 "Send a client whose query has waited this long for a server connection a NOTICE, once per wait, "
+		 "as PgBouncer: `No server connection available in postgres backend, client being queued` (0 = never)."),
 	TIME_ROW(query_wait_timeout, "120", true,
-		 "Close a client whose query waited this long for a server connection (0 = wait forever)."),
+		 "Close a client whose query waited this long for a server connection (0 = wait forever); "
+		 "[databases] and [users] may override it."),
 	INT_ROW(reserve_pool_size, "0", 0, COUNT_MAX, true,
 		"Extra server connections a pool may open once a client has waited reserve_pool_timeout."),
 	TIME_ROW(reserve_pool_timeout, "5", true,
@@ -293,7 +297,6 @@ static const struct pgb_setting {
 	{ "conffile", { NULL } },
 	{ "dns_zone_check_period", { "0" } },
 	{ "job_name", { "pgbouncer" } },
-	{ "query_wait_notify", { "5" } },
 	{ "resolv_conf", { NULL } },
 	{ "sbuf_loopcnt", { "5" } },
 	{ "scram_iterations", { "4096" } },

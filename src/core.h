@@ -171,6 +171,7 @@ struct client {
 	usec_t login_start;		/* monotonic, for client_login_timeout */
 	usec_t request_time;		/* monotonic, last message */
 	usec_t wait_start;		/* monotonic, when it began waiting */
+	bool wait_notified;		/* query_wait_notify's NOTICE sent for this wait */
 	uint32_t fwd_remaining;		/* bytes of the current message still to forward */
 	bool fwd_drop;			/* ... or to drop (a refused message) */
 	bool admin_full;		/* console: admin (not only stats) */

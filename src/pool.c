@@ -487,6 +487,7 @@ bool pool_acquire(struct client *c)
 		return true;
 	}
 	c->wait_start = now_mono();
+	c->wait_notified = false;
 	pool_set_client_state(c, CL_WAITING);
 	if (!pool_is_paused(p) && p->n_login_sv == 0 && can_launch(p, false))
 		server_launch(p);
@@ -825,6 +826,22 @@ static bool xact_too_long(const struct server *s, usec_t now, usec_t limit)
 	return limit > 0 && s->in_xact && now - s->xact_start > limit;
 }
 
+/* PgBouncer's text for query_wait_notify (NOTICE, SQLSTATE 00000). */
+#define QUERY_WAIT_NOTICE "No server connection available in postgres backend, client being queued"
+
+/* query_wait_notify: tell a client that has waited that long, once per wait. */
+static void notify_waiting(struct client *c, usec_t now)
+{
+	usec_t limit = rt->cf->query_wait_notify;
+
+	if (limit <= 0 || c->wait_notified || now - c->wait_start < limit || c->closing || !c->bev)
+		return;
+	c->wait_notified = true;
+	pkt_notice(&rt->pb, "00000", QUERY_WAIT_NOTICE);
+	if (!pkt_send(&rt->pb, bufferevent_get_output(c->bev)))
+		log_warning("could not queue the query_wait_notify notice");
+}
+
 static void janitor_clients(struct pool *p, usec_t now)
 {
 	struct client *c, *tmp;
@@ -840,6 +857,8 @@ static void janitor_clients(struct pool *p, usec_t now)
 	TAILQ_FOREACH_SAFE(c, &p->waiting_clients, entry, tmp)
 		if (wait_limit > 0 && now - c->wait_start > wait_limit)
 			client_close(c, "57014", "query_wait_timeout");
+		else
+			notify_waiting(c, now);
 	TAILQ_FOREACH_SAFE(c, &p->active_clients, entry, tmp) {
 		struct server *s = c->link;
 		usec_t idle = now - c->request_time;

@@ -5,7 +5,7 @@ query_wait_notify and cancel_wait_timeout."""
 
 import time
 
-from lokadb_harness import SLOW, BgCall, PgError, assert_error, backend_pid, wait_until
+from lokadb_harness import SLOW, BgCall, PgError, assert_error, backend_pid, parse_error_fields, wait_until
 
 WAIT = 2.5      # longer than every 1 s timeout below, with room for the janitor's tick
 
@@ -28,7 +28,7 @@ def waiting_query_outcome(b, dbname, user="trustuser", timeout=8):
             elif kind == "closed":
                 break
             elif fields[0] == b"N":
-                notices.append(fields[1])
+                notices.append(parse_error_fields(fields[1]))
             elif fields[0] == b"Z":
                 break
     return err, notices, time.monotonic() - start
@@ -159,3 +159,51 @@ def test_a_users_reserve_pool_size_of_zero_wins_over_the_databases(bouncer_facto
     assert len(b.servers("rp")) == 1
     holder.close()
     call.result(5 * SLOW)
+
+
+# --------------------------------------------------------------------------
+# query_wait_notify
+# --------------------------------------------------------------------------
+
+QUEUED = "No server connection available in postgres backend, client being queued"
+
+
+def queued_query(b, holder, hold):
+    """Run a query that waits behind holder's transaction for `hold` seconds;
+    returns (error, notices, seconds)."""
+    call = BgCall(waiting_query_outcome, b, "p0")
+    assert not call.wait(hold), "the query should wait for the held server"
+    holder.execute("commit")
+    return call.result(8 * SLOW)
+
+
+def test_a_client_waiting_longer_than_query_wait_notify_gets_one_notice(bouncer_factory):
+    b = bouncer_factory(settings={"pool_mode": "transaction", "default_pool_size": 1,
+                                  "query_wait_notify": 1})
+    assert b.show_config()["query_wait_notify"]["value"] == "1"
+    holder = b.connect("p0")
+    holder.execute("begin")
+    backend_pid(holder)
+    err, notices, elapsed = queued_query(b, holder, WAIT + 0.5)
+    assert err is None, err
+    assert elapsed >= WAIT
+    assert len(notices) == 1, notices      # once per wait, though it waited 3 s
+    assert notices[0]["S"] == "NOTICE" and notices[0]["C"] == "00000"
+    assert notices[0]["M"] == QUEUED
+
+
+def test_query_wait_notify_zero_sends_no_notice_and_a_short_wait_none(bouncer_factory):
+    b = bouncer_factory(settings={"pool_mode": "transaction", "default_pool_size": 1,
+                                  "query_wait_notify": 0})
+    holder = b.connect("p0")
+    holder.execute("begin")
+    backend_pid(holder)
+    err, notices, _ = queued_query(b, holder, WAIT)
+    assert err is None and notices == [], (err, notices)
+
+    # the default (5 s) is longer than this wait
+    b.admin("SET query_wait_notify = 5")
+    holder.execute("begin")
+    backend_pid(holder)
+    err, notices, _ = queued_query(b, holder, WAIT)
+    assert err is None and notices == [], (err, notices)
