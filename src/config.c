@@ -107,6 +107,9 @@ const struct cf_setting config_settings[] = {
 	TIME_ROW(autodb_idle_timeout, "3600", true,
 		 "Close the server connections of a database made from the `*` entry once no client has "
 		 "used it for this long (min_pool_size does not refill it until a client comes back; 0 = never)."),
+	TIME_ROW(cancel_wait_timeout, "10", true,
+		 "Drop a cancel request that has not been passed on within this time: one waiting for a slot "
+		 "towards a [peers] member, or whose connection to the server or peer has not finished (0 = no limit)."),
 	TIME_ROW(client_idle_timeout, "0", true,
 		 "Close client connections idle for longer than this (0 = never); [users] may override it."),
 	TIME_ROW(client_login_timeout, "30", true,
@@ -290,7 +293,6 @@ static const struct pgb_setting {
 } pgb_unsupported[] = {
 	{ "auth_ident_file", { NULL } },
 	{ "auth_ldap_options", { NULL } },
-	{ "cancel_wait_timeout", { "10" } },
 	{ "client_tls13_ciphers", { NULL } },
 	{ "client_tls_dheparams", { "auto" } },
 	{ "client_tls_ecdhcurve", { "auto" } },

@@ -161,6 +161,7 @@ struct lk_config {
 	usec_t query_timeout;
 	usec_t query_wait_timeout;
 	usec_t query_wait_notify;
+	usec_t cancel_wait_timeout;
 	usec_t client_idle_timeout;
 	usec_t client_login_timeout;
 	int client_tls_sslmode;		/* enum sslmode */

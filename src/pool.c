@@ -970,6 +970,7 @@ void pool_janitor(void)
 		if (!janitor_autodb_idle(p, now))
 			janitor_launch(p, now);
 	}
+	peers_janitor(now);
 	admin_janitor();
 	lokadb_check_shutdown();
 }

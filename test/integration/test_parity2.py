@@ -3,9 +3,12 @@
 and query_wait_timeout, [users] query_wait_timeout and reserve_pool_size,
 query_wait_notify and cancel_wait_timeout."""
 
+import socket
+import struct
 import time
 
-from lokadb_harness import SLOW, BgCall, PgError, assert_error, backend_pid, parse_error_fields, wait_until
+from lokadb_harness import (SLOW, BgCall, PgError, Wire, assert_error, backend_pid, free_port,
+                            parse_error_fields, wait_until)
 
 WAIT = 2.5      # longer than every 1 s timeout below, with room for the janitor's tick
 
@@ -207,3 +210,81 @@ def test_query_wait_notify_zero_sends_no_notice_and_a_short_wait_none(bouncer_fa
     backend_pid(holder)
     err, notices, _ = queued_query(b, holder, WAIT)
     assert err is None and notices == [], (err, notices)
+
+
+# --------------------------------------------------------------------------
+# cancel_wait_timeout
+# --------------------------------------------------------------------------
+
+CANCEL_CODE = 80877102
+PEER2_KEYS = [((0x40 << 24) | (2 << 16) | n, 0x5678) for n in (1, 2)]   # one hop left, peer 2
+
+
+def send_cancel(port, key):
+    """A CancelRequest to lokadb; it closes the connection once it has taken it."""
+    w = Wire(port=port, timeout=5.0)
+    try:
+        w.send(struct.pack("!IIII", 16, CANCEL_CODE, *key))
+        kind, _ = w.outcome(5)
+        assert kind in ("closed", "error"), kind
+    finally:
+        w.close()
+
+
+def silent_peer():
+    """A listening socket that never accepts: a forward to it connects (the
+    kernel's backlog) and then waits for ever for the peer to close it."""
+    port = free_port()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(8)
+    return sock, port
+
+
+def peer_pools(b):
+    return {r["peer_id"]: r for r in b.admin_dicts("SHOW PEER_POOLS")}
+
+
+def queue_two_cancels(b):
+    for key in PEER2_KEYS:
+        send_cancel(b.port, key)
+    wait_until(lambda: peer_pools(b)["2"]["cl_waiting_cancel_req"] == "1", 3 * SLOW,
+               what="one forward in flight and one queued")
+    assert peer_pools(b)["2"]["cl_active_cancel_req"] == "1"
+
+
+def test_cancel_wait_timeout_drops_forwards_that_wait_too_long(bouncer_factory):
+    sock, port = silent_peer()
+    try:
+        b = bouncer_factory(settings={"peer_id": 1, "cancel_wait_timeout": 1},
+                            raw=f"[peers]\n2 = host=127.0.0.1 port={port} pool_size=1\n")
+        start = time.monotonic()
+        queue_two_cancels(b)
+        wait_until(lambda: b.log().count("closing because: cancel_wait_timeout") == 2, 5 * SLOW,
+                   what="both cancel requests dropped")
+        assert time.monotonic() - start >= 0.8
+        assert "cancel request for peer 2 closing because: cancel_wait_timeout (age=" in b.log()
+        pools = peer_pools(b)["2"]
+        assert pools["cl_active_cancel_req"] == "0" and pools["cl_waiting_cancel_req"] == "0"
+        with b.connect("p0") as c:
+            assert c.execute("select 1").fetchone()[0] == 1
+    finally:
+        sock.close()
+
+
+def test_by_default_a_cancel_request_waits_ten_seconds(bouncer_factory):
+    sock, port = silent_peer()
+    try:
+        b = bouncer_factory(settings={"peer_id": 1},
+                            raw=f"[peers]\n2 = host=127.0.0.1 port={port} pool_size=1\n")
+        assert b.show_config()["cancel_wait_timeout"]["value"] == "10"
+        queue_two_cancels(b)
+        time.sleep(WAIT)
+        assert "cancel_wait_timeout" not in b.log()
+        assert peer_pools(b)["2"]["cl_waiting_cancel_req"] == "1"
+        # a shorter limit applies to the queued request at the janitor's next turn
+        b.admin("SET cancel_wait_timeout = 1")
+        b.wait_log("closing because: cancel_wait_timeout", timeout=3)
+        assert peer_pools(b)["2"]["cl_waiting_cancel_req"] == "0"
+    finally:
+        sock.close()

@@ -17,7 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define SETTINGS_IN_STRUCT 82	/* fields from logfile to the last setting of struct lk_config */
+#define SETTINGS_IN_STRUCT 83	/* fields from logfile to the last setting of struct lk_config */
 
 struct fx {
 	bool made;		/* dir exists and must be removed */
