@@ -91,14 +91,14 @@ const struct cf_setting config_settings[] = {
 	BOOL_ROW(application_name_add_host, "0", true,
 		 "Append the client's address and port to application_name when it logs in."),
 	STR_ROW(auth_dbname, NULL, true,
-		"Database auth_query runs in (empty: the database the client asked for)."),
+		"Database auth_query runs in (empty: the database the client asked for); a [databases] entry's auth_dbname overrides it."),
 	STR_ROW(auth_file, NULL, true,
 		"File of `\"user\" \"secret\"` lines; a relative path is relative to the ini file's directory."),
 	STR_ROW(auth_hba_file, NULL, true,
 		"Host-based access rules used when auth_type = hba (PgBouncer's subset of pg_hba.conf; read at start and on RELOAD)."),
 	STR_ROW(auth_query, "SELECT rolname, CASE WHEN rolvaliduntil < now() THEN NULL ELSE rolpassword END "
 		"FROM pg_authid WHERE rolname=$1 AND rolcanlogin", true,
-		"Query that returns (user, secret) for a user not in auth_file, run as auth_user."),
+		"Query that returns (user, secret) for a user not in auth_file, run as auth_user; a [databases] entry's auth_query overrides it."),
 	ENUM_ROW(auth_type, "md5", auth_type_names,
 		 "How clients prove who they are: any, trust, plain, md5, scram-sha-256, cert (TLS client certificate "
 		 "whose CN is the user name) or hba (per auth_hba_file rule)."),
@@ -337,6 +337,11 @@ static const struct conn_key db_keys[] = {
 	  "Forced server user: every client of this entry uses this role on the server." },
 	{ "password", KEY_STR, DB(password), "from auth_file", "Password of the forced user." },
 	{ "auth_user", KEY_STR, DB(auth_user), "", "User that looks up client passwords on the server." },
+	{ "auth_query", KEY_STR, DB(auth_query), "auth_query",
+	  "auth_query for this database's clients (as PgBouncer 1.24)." },
+	{ "auth_dbname", KEY_STR, DB(auth_dbname), "auth_dbname",
+	  "Database on this entry's server that auth_query runs in for its clients "
+	  "(unset here and globally: the entry's dbname)." },
 	{ "pool_size", KEY_COUNT, DB(pool_size), "default_pool_size", "Server connections per user for this database." },
 	{ "min_pool_size", KEY_COUNT, DB(min_pool_size), "min_pool_size", "Server connections kept open per pool." },
 	{ "reserve_pool_size", KEY_COUNT, DB(reserve_pool_size), "reserve_pool_size",
@@ -397,7 +402,7 @@ static const struct conn_key peer_keys[] = {
 
 /* Connection-string options PgBouncer knows that we do not implement (in [databases] or [users]). */
 static const char *const pgb_conn_unsupported[] = {
-	"auth_dbname", "auth_query", "client_idle_timeout", "idle_transaction_timeout",
+	"client_idle_timeout", "idle_transaction_timeout",
 	"load_balance_hosts", "query_timeout", "transaction_timeout", NULL
 };
 

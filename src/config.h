@@ -59,6 +59,8 @@ struct db_conf {
 	char *user;		/* forced server user, or NULL */
 	char *password;		/* password for the forced user, or NULL */
 	char *auth_user;
+	char *auth_query;	/* NULL = the global auth_query */
+	char *auth_dbname;	/* NULL = the global auth_dbname, else dbname */
 	int pool_size;
 	int min_pool_size;
 	int reserve_pool_size;

@@ -28,6 +28,8 @@ static void db_conf_copy(struct db_conf *dst, const struct db_conf *src)
 	dst->user = xstrdup(src->user);
 	dst->password = xstrdup(src->password);
 	dst->auth_user = xstrdup(src->auth_user);
+	dst->auth_query = xstrdup(src->auth_query);
+	dst->auth_dbname = xstrdup(src->auth_dbname);
 	dst->connect_query = xstrdup(src->connect_query);
 	dst->client_encoding = xstrdup(src->client_encoding);
 	dst->datestyle = xstrdup(src->datestyle);
@@ -44,6 +46,8 @@ static void db_conf_release(struct db_conf *dc)
 	free(dc->user);
 	free(dc->password);
 	free(dc->auth_user);
+	free(dc->auth_query);
+	free(dc->auth_dbname);
 	free(dc->connect_query);
 	free(dc->client_encoding);
 	free(dc->datestyle);

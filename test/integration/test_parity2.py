@@ -7,6 +7,8 @@ import socket
 import struct
 import time
 
+import pytest
+
 from lokadb_harness import (SLOW, BgCall, PgError, Wire, assert_error, backend_pid, free_port,
                             parse_error_fields, wait_until)
 
@@ -288,3 +290,38 @@ def test_by_default_a_cancel_request_waits_ten_seconds(bouncer_factory):
         assert peer_pools(b)["2"]["cl_waiting_cancel_req"] == "0"
     finally:
         sock.close()
+
+
+# --------------------------------------------------------------------------
+# [databases] auth_query and auth_dbname
+# --------------------------------------------------------------------------
+
+AQ_ROLE, AQ_PASSWORD = "aq2_scram", "aq2 scram pw"
+IN_P2 = "SELECT rolname, rolpassword FROM pg_authid WHERE rolname = $1 AND current_database() = ''p2''"
+
+
+@pytest.fixture
+def aq_role(pg):
+    pg.sql(f"SET password_encryption = 'scram-sha-256'; DROP ROLE IF EXISTS {AQ_ROLE}; "
+           f"CREATE ROLE {AQ_ROLE} LOGIN PASSWORD '{AQ_PASSWORD}'")
+    yield AQ_ROLE
+    pg.sql(f"DROP ROLE IF EXISTS {AQ_ROLE}")
+
+
+def test_a_database_entry_has_its_own_auth_query_and_auth_dbname(bouncer_factory, pg, aq_role):
+    b = bouncer_factory(
+        settings={"auth_type": "scram-sha-256", "auth_user": "postgres"},
+        databases={
+            # the entry's query only finds the role in p2, where its auth_dbname sends it
+            "aqa": srv(pg, "p0", f"auth_query='{IN_P2}' auth_dbname=p2"),
+            # the same query without auth_dbname runs in p0: no row, so the login fails
+            "aqc": srv(pg, "p0", f"auth_query='{IN_P2}'"),
+            # a query that finds no secret
+            "aqb": srv(pg, "p0", "auth_query='SELECT rolname, NULL::text FROM pg_authid WHERE rolname = $1'"),
+        })
+    for dbname in ("aqa", "p0"):        # p0: the global auth_query
+        with b.connect(dbname, aq_role, password=AQ_PASSWORD) as c:
+            assert c.execute("select current_user, current_database()").fetchone() == (aq_role, "p0")
+    for dbname in ("aqb", "aqc"):
+        err = b.login_error(dbname, aq_role, password=AQ_PASSWORD)
+        assert_error(err, "28P01", f'password authentication failed for user "{aq_role}"')
