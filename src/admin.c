@@ -559,7 +559,7 @@ static void show_databases(struct admin_ctx *a)
 			dc->user, fmt_int(b[1], dc->pool_size >= 0 ? dc->pool_size : rt->cf->default_pool_size),
 			fmt_int(b[2], dc->min_pool_size >= 0 ? dc->min_pool_size : rt->cf->min_pool_size),
 			fmt_int(b[3], dc->reserve_pool_size >= 0 ? dc->reserve_pool_size : rt->cf->reserve_pool_size),
-			fmt_int(b[4], rt->cf->server_lifetime / USEC), dc->pool_mode >= 0 ? mode_name(dc->pool_mode) : NULL,
+			fmt_int(b[4], (dc->server_lifetime > 0 ? dc->server_lifetime : rt->cf->server_lifetime) / USEC), dc->pool_mode >= 0 ? mode_name(dc->pool_mode) : NULL,
 			NULL, fmt_int(b[5], dc->max_db_connections > 0 ? dc->max_db_connections : rt->cf->max_db_connections),
 			fmt_int(b[6], db->server_count), fmt_int(b[8], pool_db_client_limit(db)), fmt_int(b[7], ncl),
 			db->paused ? "1" : "0",
@@ -579,7 +579,7 @@ static void show_users(struct admin_ctx *a)
 	row_header(a, 8, cols);
 	for (int i = 0; i < rt->cf->n_users; i++) {
 		const struct user_conf *u = &rt->cf->users[i];
-		char b[5][24];
+		char b[6][24];
 		int nsv = 0, ncl = 0;
 		struct pool *p;
 		TAILQ_FOREACH(p, &rt->pools, entry) {
@@ -589,7 +589,8 @@ static void show_users(struct admin_ctx *a)
 			ncl += p->n_active_cl + p->n_waiting_cl + p->n_login_cl;
 		}
 		const char *v[8] = {
-			u->name, u->pool_size >= 0 ? fmt_int(b[0], u->pool_size) : "", "",
+			u->name, u->pool_size >= 0 ? fmt_int(b[0], u->pool_size) : "",
+			u->reserve_pool_size >= 0 ? fmt_int(b[5], u->reserve_pool_size) : "",
 			u->pool_mode >= 0 ? mode_name(u->pool_mode) : "",
 			fmt_int(b[1], u->max_user_connections > 0 ? u->max_user_connections : rt->cf->max_user_connections),
 			fmt_int(b[2], nsv), fmt_int(b[4], pool_user_client_limit(u->name)), fmt_int(b[3], ncl),

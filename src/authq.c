@@ -22,8 +22,15 @@
 struct authq_req {
 	struct client *c;		/* NULL once the client went away */
 	struct lk_pg *pg;
+	char *query;			/* the auth_query in force when the lookup started */
 	bool done;
 };
+
+static void req_free(struct authq_req *r)
+{
+	free(r->query);
+	free(r);
+}
 
 /* Append key='value' to a conninfo string, quoting as libpq wants. */
 static void kv(char *buf, size_t len, const char *key, const char *value)
@@ -56,7 +63,7 @@ static void finish(struct authq_req *r, const char *secret, const char *error)
 		client_authq_done(c, secret, error);
 	}
 	core_pg_close(r->pg);	/* deferred inside the helper's callbacks */
-	free(r);
+	req_free(r);
 }
 
 static void on_result(lk_plugin *self, lk_pg *pg, struct pg_result *res, void *arg)
@@ -95,20 +102,26 @@ static void on_state(lk_plugin *self, lk_pg *pg, int ok, const char *err, void *
 		return;
 	}
 	params[0] = r->c->user;
-	if (core_pg_query(pg, rt->cf->auth_query, 1, params, on_result, r) != 0)
+	if (core_pg_query(pg, r->query, 1, params, on_result, r) != 0)
 		finish(r, NULL, "could not send auth_query");
 }
 
-/* Start a lookup for c; false when auth_query is not configured for its database. */
+/*
+ * Start a lookup for c; false when auth_query is not configured for its
+ * database. The [databases] entry's auth_user, auth_query and auth_dbname
+ * win over the global ones (PgBouncer 1.24).
+ */
 bool authq_start(struct client *c)
 {
 	const struct db_conf *dc = &c->db->conf;
 	const char *user = dc->auth_user ? dc->auth_user : rt->cf->auth_user;
+	const char *query = dc->auth_query ? dc->auth_query : rt->cf->auth_query;
+	const char *dbname = dc->auth_dbname ? dc->auth_dbname : rt->cf->auth_dbname;
 	const struct auth_entry *ae;
 	char conninfo[2048] = "", port[16], timeout[16];
 	struct authq_req *r;
 
-	if (!user || !*user || !rt->cf->auth_query || !*rt->cf->auth_query)
+	if (!user || !*user || !query || !*query)
 		return false;
 	ae = config_find_auth(rt->cf, user);
 	snprintf(port, sizeof(port), "%d", dc->port > 0 ? dc->port : 5432);
@@ -116,8 +129,7 @@ bool authq_start(struct client *c)
 		 (long long)(rt->cf->server_connect_timeout > 0 ? (rt->cf->server_connect_timeout + USEC - 1) / USEC : 15));
 	kv(conninfo, sizeof(conninfo), "host", dc->host ? dc->host : "/var/run/postgresql");
 	kv(conninfo, sizeof(conninfo), "port", port);
-	kv(conninfo, sizeof(conninfo), "dbname", rt->cf->auth_dbname ? rt->cf->auth_dbname :
-					       dc->dbname ? dc->dbname : c->db->name);
+	kv(conninfo, sizeof(conninfo), "dbname", dbname ? dbname : dc->dbname ? dc->dbname : c->db->name);
 	kv(conninfo, sizeof(conninfo), "user", user);
 	if (ae && !scram_is_scram_secret(ae->secret) && !scram_is_md5_secret(ae->secret))
 		kv(conninfo, sizeof(conninfo), "password", ae->secret);
@@ -128,11 +140,12 @@ bool authq_start(struct client *c)
 	kv(conninfo, sizeof(conninfo), "sslmode", rt->cf->server_tls_sslmode == SSL_DISABLE ? "disable" : "prefer");
 	r = xcalloc(1, sizeof(*r));
 	r->c = c;
+	r->query = xstrdup(query);
 	c->authq = r;
 	r->pg = core_pg_connect(conninfo, on_state, r);
 	if (!r->pg) {
 		c->authq = NULL;
-		free(r);
+		req_free(r);
 		return false;
 	}
 	return true;
@@ -149,5 +162,5 @@ void authq_cancel(struct client *c)
 	r->c = NULL;
 	r->done = true;
 	core_pg_close(r->pg);
-	free(r);
+	req_free(r);
 }

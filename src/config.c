@@ -91,14 +91,14 @@ const struct cf_setting config_settings[] = {
 	BOOL_ROW(application_name_add_host, "0", true,
 		 "Append the client's address and port to application_name when it logs in."),
 	STR_ROW(auth_dbname, NULL, true,
-		"Database auth_query runs in (empty: the database the client asked for)."),
+		"Database auth_query runs in (empty: the database the client asked for); a [databases] entry's auth_dbname overrides it."),
 	STR_ROW(auth_file, NULL, true,
 		"File of `\"user\" \"secret\"` lines; a relative path is relative to the ini file's directory."),
 	STR_ROW(auth_hba_file, NULL, true,
 		"Host-based access rules used when auth_type = hba (PgBouncer's subset of pg_hba.conf; read at start and on RELOAD)."),
 	STR_ROW(auth_query, "SELECT rolname, CASE WHEN rolvaliduntil < now() THEN NULL ELSE rolpassword END "
 		"FROM pg_authid WHERE rolname=$1 AND rolcanlogin", true,
-		"Query that returns (user, secret) for a user not in auth_file, run as auth_user."),
+		"Query that returns (user, secret) for a user not in auth_file, run as auth_user; a [databases] entry's auth_query overrides it."),
 	ENUM_ROW(auth_type, "md5", auth_type_names,
 		 "How clients prove who they are: any, trust, plain, md5, scram-sha-256, cert (TLS client certificate "
 		 "whose CN is the user name) or hba (per auth_hba_file rule)."),
@@ -107,6 +107,9 @@ const struct cf_setting config_settings[] = {
 	TIME_ROW(autodb_idle_timeout, "3600", true,
 		 "Close the server connections of a database made from the `*` entry once no client has "
 		 "used it for this long (min_pool_size does not refill it until a client comes back; 0 = never)."),
+	TIME_ROW(cancel_wait_timeout, "10", true,
+		 "Drop a cancel request that has not been passed on within this time: one waiting for a slot "
+		 "towards a [peers] member, or whose connection to the server or peer has not finished (0 = no limit)."),
 	TIME_ROW(client_idle_timeout, "0", true,
 		 "Close client connections idle for longer than this (0 = never); [users] may override it."),
 	TIME_ROW(client_login_timeout, "30", true,
@@ -188,8 +191,12 @@ const struct cf_setting config_settings[] = {
 	TIME_ROW(query_timeout, "0", true,
 		 "Close a client whose query runs for longer than this, with its server connection (0 = never); "
 		 "[users] may override it."),
+	TIME_ROW(query_wait_notify, "5", true,
+		 "Send a client whose query has waited this long for a server connection a NOTICE, once per wait, "
+		 "as PgBouncer: `No server connection available in postgres backend, client being queued` (0 = never)."),
 	TIME_ROW(query_wait_timeout, "120", true,
-		 "Close a client whose query waited this long for a server connection (0 = wait forever)."),
+		 "Close a client whose query waited this long for a server connection (0 = wait forever); "
+		 "[databases] and [users] may override it."),
 	INT_ROW(reserve_pool_size, "0", 0, COUNT_MAX, true,
 		"Extra server connections a pool may open once a client has waited reserve_pool_timeout."),
 	TIME_ROW(reserve_pool_timeout, "5", true,
@@ -286,14 +293,12 @@ static const struct pgb_setting {
 } pgb_unsupported[] = {
 	{ "auth_ident_file", { NULL } },
 	{ "auth_ldap_options", { NULL } },
-	{ "cancel_wait_timeout", { "10" } },
 	{ "client_tls13_ciphers", { NULL } },
 	{ "client_tls_dheparams", { "auto" } },
 	{ "client_tls_ecdhcurve", { "auto" } },
 	{ "conffile", { NULL } },
 	{ "dns_zone_check_period", { "0" } },
 	{ "job_name", { "pgbouncer" } },
-	{ "query_wait_notify", { "5" } },
 	{ "resolv_conf", { NULL } },
 	{ "sbuf_loopcnt", { "5" } },
 	{ "scram_iterations", { "4096" } },
@@ -332,10 +337,15 @@ static const struct conn_key db_keys[] = {
 	  "Forced server user: every client of this entry uses this role on the server." },
 	{ "password", KEY_STR, DB(password), "from auth_file", "Password of the forced user." },
 	{ "auth_user", KEY_STR, DB(auth_user), "", "User that looks up client passwords on the server." },
+	{ "auth_query", KEY_STR, DB(auth_query), "auth_query",
+	  "auth_query for this database's clients (as PgBouncer 1.24)." },
+	{ "auth_dbname", KEY_STR, DB(auth_dbname), "auth_dbname",
+	  "Database on this entry's server that auth_query runs in for its clients "
+	  "(unset here and globally: the entry's dbname)." },
 	{ "pool_size", KEY_COUNT, DB(pool_size), "default_pool_size", "Server connections per user for this database." },
 	{ "min_pool_size", KEY_COUNT, DB(min_pool_size), "min_pool_size", "Server connections kept open per pool." },
 	{ "reserve_pool_size", KEY_COUNT, DB(reserve_pool_size), "reserve_pool_size",
-	  "Extra connections allowed after reserve_pool_timeout (PgBouncer also spells it reserve_pool)." },
+	  "Extra connections allowed after reserve_pool_timeout; a [users] entry's reserve_pool_size wins over it (PgBouncer also spells it reserve_pool)." },
 	{ "reserve_pool", KEY_COUNT, DB(reserve_pool_size), "reserve_pool_size", "Alias of reserve_pool_size." },
 	{ "pool_mode", KEY_POOL_MODE, DB(pool_mode), "pool_mode", "Pool mode for this database." },
 	{ "max_db_connections", KEY_COUNT, DB(max_db_connections), "max_db_connections",
@@ -347,6 +357,10 @@ static const struct conn_key db_keys[] = {
 	{ "datestyle", KEY_STR, DB(datestyle), "", "DateStyle sent to the server at connect." },
 	{ "timezone", KEY_STR, DB(timezone), "", "TimeZone sent to the server at connect." },
 	{ "application_name", KEY_STR, DB(application_name), "", "application_name sent to the server at connect." },
+	{ "server_lifetime", KEY_TIME, DB(server_lifetime), "server_lifetime",
+	  "server_lifetime for this database's server connections (0 = the global setting)." },
+	{ "query_wait_timeout", KEY_TIME, DB(query_wait_timeout), "query_wait_timeout",
+	  "query_wait_timeout for this database's clients (0 = wait forever); a [users] entry's value wins over it." },
 	{ "transport", KEY_STR, DB(transport), "tcp/unix",
 	  "Name of a plugin transport that opens this entry's server connections (see doc/plugins.md)." },
 	{ "site", KEY_STR, DB(host), "",
@@ -370,6 +384,10 @@ static const struct conn_key user_keys[] = {
 	  "client_idle_timeout for this user's clients (0 = the global setting)." },
 	{ "transaction_timeout", KEY_TIME, USR(transaction_timeout), "transaction_timeout",
 	  "transaction_timeout for this user's clients (0 = the global setting)." },
+	{ "reserve_pool_size", KEY_COUNT, USR(reserve_pool_size), "the database's reserve_pool_size",
+	  "Reserve pool of this user's pools; wins over the database's and the global reserve_pool_size (as PgBouncer 1.24)." },
+	{ "query_wait_timeout", KEY_TIME, USR(query_wait_timeout), "the database's query_wait_timeout",
+	  "query_wait_timeout for this user's clients (0 = wait forever); wins over the database's and the global value." },
 	{ NULL, KEY_STR, 0, NULL, NULL }
 };
 
@@ -386,9 +404,8 @@ static const struct conn_key peer_keys[] = {
 
 /* Connection-string options PgBouncer knows that we do not implement (in [databases] or [users]). */
 static const char *const pgb_conn_unsupported[] = {
-	"auth_dbname", "auth_query", "client_idle_timeout", "idle_transaction_timeout",
-	"load_balance_hosts", "query_timeout", "query_wait_timeout", "reserve_pool_size", "server_lifetime",
-	"transaction_timeout", NULL
+	"client_idle_timeout", "idle_transaction_timeout",
+	"load_balance_hosts", "query_timeout", "transaction_timeout", NULL
 };
 
 /* Database names taken by the admin console. */
@@ -1295,7 +1312,7 @@ static bool load_database(struct loader *ld, const char *section, const char *ke
 	struct lk_config *cf = ld->cf;
 	struct db_conf d = { .port = DEFAULT_DB_PORT, .pool_size = -1, .min_pool_size = -1,
 			     .reserve_pool_size = -1, .pool_mode = -1, .max_db_connections = -1,
-			     .max_db_client_connections = -1 };
+			     .max_db_client_connections = -1, .query_wait_timeout = -1 };
 	char what[REASON_LEN];
 	struct db_conf *grown;
 	int i;
@@ -1338,7 +1355,8 @@ static bool load_user(struct loader *ld, const char *section, const char *key, c
 {
 	struct lk_config *cf = ld->cf;
 	struct user_conf u = { .pool_mode = -1, .pool_size = -1, .max_user_connections = -1,
-			       .max_user_client_connections = -1 };
+			       .max_user_client_connections = -1, .reserve_pool_size = -1,
+			       .query_wait_timeout = -1 };
 	char what[REASON_LEN];
 	struct user_conf *grown;
 	int i;

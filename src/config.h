@@ -59,6 +59,8 @@ struct db_conf {
 	char *user;		/* forced server user, or NULL */
 	char *password;		/* password for the forced user, or NULL */
 	char *auth_user;
+	char *auth_query;	/* NULL = the global auth_query */
+	char *auth_dbname;	/* NULL = the global auth_dbname, else dbname */
 	int pool_size;
 	int min_pool_size;
 	int reserve_pool_size;
@@ -71,6 +73,8 @@ struct db_conf {
 	char *timezone;
 	char *application_name;
 	char *transport;	/* plugin transport name, or NULL for TCP/unix */
+	usec_t server_lifetime;		/* 0 = the global setting */
+	usec_t query_wait_timeout;	/* -1 = the global setting; 0 = wait forever */
 	int line;		/* line in the ini file */
 };
 
@@ -85,6 +89,8 @@ struct user_conf {
 	usec_t idle_transaction_timeout;
 	usec_t client_idle_timeout;
 	usec_t transaction_timeout;
+	int reserve_pool_size;		/* -1 = the database's, else the global setting */
+	usec_t query_wait_timeout;	/* -1 = the database's, else the global setting; 0 = wait forever */
 	int line;
 };
 
@@ -156,6 +162,8 @@ struct lk_config {
 	int server_fast_close;
 	usec_t query_timeout;
 	usec_t query_wait_timeout;
+	usec_t query_wait_notify;
+	usec_t cancel_wait_timeout;
 	usec_t client_idle_timeout;
 	usec_t client_login_timeout;
 	int client_tls_sslmode;		/* enum sslmode */

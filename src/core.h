@@ -171,6 +171,7 @@ struct client {
 	usec_t login_start;		/* monotonic, for client_login_timeout */
 	usec_t request_time;		/* monotonic, last message */
 	usec_t wait_start;		/* monotonic, when it began waiting */
+	bool wait_notified;		/* query_wait_notify's NOTICE sent for this wait */
 	uint32_t fwd_remaining;		/* bytes of the current message still to forward */
 	bool fwd_drop;			/* ... or to drop (a refused message) */
 	bool admin_full;		/* console: admin (not only stats) */
@@ -538,6 +539,7 @@ typedef void (*peers_walk_fn)(void *arg, const struct peer_pool_counts *n);
 void peers_new_cancel_key(uint8_t key[8]);
 bool peers_cancel_local(const uint8_t *key, uint8_t *local);	/* false: another peer's key, forwarded or dropped */
 void peers_apply(void);
+void peers_janitor(usec_t now);			/* cancel_wait_timeout for queued forwards */
 void peers_show(struct pktbuf *pb);		/* SHOW PEERS rows */
 void peers_show_pools(struct pktbuf *pb);	/* SHOW PEER_POOLS rows */
 void peers_walk(peers_walk_fn fn, void *arg);

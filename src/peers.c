@@ -22,7 +22,9 @@
  * than this process's own, each with its forwards in flight (at most
  * pool_size at once) and the ones waiting for a slot. A forward is one
  * short connection: connect, send the 16 bytes, wait for the peer to
- * close it (or PEER_CANCEL_TIMEOUT_SEC). Nothing here blocks.
+ * close it. cancel_wait_timeout (as PgBouncer's) bounds a request's whole
+ * stay, from its arrival: a queued one is dropped by peers_janitor(), one
+ * in flight by its connection's timeout. Nothing here blocks.
  *
  * RELOAD rebuilds the group from [peers]; a removed peer lives on, hidden,
  * until its last forward ends. Do not keep a `struct peer *` across loop
@@ -32,6 +34,7 @@
  *	peers_new_cancel_key	the key for a new client
  *	peers_cancel_local	is this key ours? forward it if not
  *	peers_apply		(re)build the group from the configuration
+ *	peers_janitor		drop queued forwards past cancel_wait_timeout
  *	peers_show / peers_show_pools	SHOW PEERS / SHOW PEER_POOLS rows
  *	peers_free_all		at exit
  */
@@ -46,7 +49,7 @@
 #define KEY_HOPS_SHIFT 6
 #define KEY_ID_HIGH_MASK 0x3f
 #define KEY_HOPS_HANDED_OUT 1		/* a request may be forwarded once */
-#define PEER_CANCEL_TIMEOUT_SEC 10	/* a forward that has not finished by then is dropped */
+#define CANCEL_TIMEOUT_MIN_USEC 1000	/* a forward due at once still gets a turn of the loop */
 #define PEER_WAITING_MAX 1000		/* forwards queued per peer beyond pool_size */
 #define DEFAULT_UNIX_DIR "/tmp"
 
@@ -57,6 +60,7 @@ struct peer_req {
 	struct peer *peer;
 	struct bufferevent *bev;
 	uint8_t pkt[16];		/* the CancelRequest as forwarded */
+	usec_t arrived;			/* monotonic; cancel_wait_timeout counts from here */
 	bool connecting;		/* SHOW PEER_POOLS sv_login */
 	bool resolving;			/* waiting for dns.c */
 };
@@ -178,6 +182,14 @@ static void req_done(struct peer_req *r, const char *failure)
 	}
 }
 
+/* PgBouncer's log line for a cancel request that waited too long. */
+static void log_cancel_wait_timeout(const struct peer_req *r)
+{
+	log_warning("cancel request for peer %d closing because: cancel_wait_timeout (age=%llds)", r->peer->id,
+		    (long long)((now_mono() - r->arrived) / USEC));
+	rt->peers->dropped++;
+}
+
 static void req_read_cb(struct bufferevent *bev, void *arg)
 {
 	(void)arg;
@@ -193,8 +205,10 @@ static void req_event_cb(struct bufferevent *bev, short what, void *arg)
 		r->connecting = false;
 		return;
 	}
-	if (what & BEV_EVENT_TIMEOUT)
-		req_done(r, "timed out");
+	if (what & BEV_EVENT_TIMEOUT) {
+		log_cancel_wait_timeout(r);
+		req_done(r, NULL);
+	}
 	else if ((what & BEV_EVENT_ERROR) && r->connecting)
 		req_done(r, evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
 	else
@@ -204,7 +218,13 @@ static void req_event_cb(struct bufferevent *bev, short what, void *arg)
 /* Connect to the peer's address and queue the 16 bytes; the outcome arrives in req_event_cb. */
 static void req_connect(struct peer_req *r, const struct sockaddr *sa, socklen_t len)
 {
-	struct timeval tv = { PEER_CANCEL_TIMEOUT_SEC, 0 };
+	usec_t left = r->arrived + rt->cf->cancel_wait_timeout - now_mono();
+	struct timeval tv;
+
+	if (left < CANCEL_TIMEOUT_MIN_USEC)
+		left = CANCEL_TIMEOUT_MIN_USEC;
+	tv.tv_sec = (time_t)(left / USEC);
+	tv.tv_usec = (suseconds_t)(left % USEC);
 
 	r->bev = bufferevent_socket_new(rt->base, -1, BEV_OPT_CLOSE_ON_FREE);
 	if (!r->bev) {
@@ -220,7 +240,8 @@ static void req_connect(struct peer_req *r, const struct sockaddr *sa, socklen_t
 		return;
 	}
 	bufferevent_setcb(r->bev, req_read_cb, NULL, req_event_cb, r);
-	bufferevent_set_timeouts(r->bev, &tv, &tv);
+	if (rt->cf->cancel_wait_timeout > 0)
+		bufferevent_set_timeouts(r->bev, &tv, &tv);
 	bufferevent_enable(r->bev, EV_READ | EV_WRITE);
 }
 
@@ -267,6 +288,7 @@ static void forward(struct peer *p, const uint8_t *key, int hops)
 	}
 	r = xcalloc(1, sizeof(*r));
 	r->peer = p;
+	r->arrived = now_mono();
 	put_u32(r->pkt, 16);
 	put_u32(r->pkt + 4, PROTO_CANCEL_CODE);
 	memcpy(r->pkt + 8, key, 8);
@@ -315,6 +337,33 @@ bool peers_cancel_local(const uint8_t *key, uint8_t *local)
 	}
 	forward(p, key, hops);
 	return false;
+}
+
+/*
+ * cancel_wait_timeout: drop the forwards that have waited that long for a
+ * free slot (PgBouncer drops a cancel request that waited that long for a
+ * server connection). Called by the janitor.
+ */
+void peers_janitor(usec_t now)
+{
+	struct peer *p, *ptmp;
+	struct peer_req *r, *rtmp;
+	usec_t limit = rt->cf->cancel_wait_timeout;
+
+	if (!rt->peers || limit <= 0)
+		return;
+	TAILQ_FOREACH_SAFE(p, &rt->peers->list, entry, ptmp) {
+		TAILQ_FOREACH_SAFE(r, &p->waiting, entry, rtmp) {
+			if (now - r->arrived <= limit)
+				break;		/* FIFO: the rest came later */
+			log_cancel_wait_timeout(r);
+			TAILQ_REMOVE(&p->waiting, r, entry);
+			p->n_waiting--;
+			free(r);
+		}
+		if (p->removed && p->n_active == 0 && p->n_waiting == 0)
+			peer_free(p);
+	}
 }
 
 /* ---- configuration ---- */

@@ -28,6 +28,8 @@ static void db_conf_copy(struct db_conf *dst, const struct db_conf *src)
 	dst->user = xstrdup(src->user);
 	dst->password = xstrdup(src->password);
 	dst->auth_user = xstrdup(src->auth_user);
+	dst->auth_query = xstrdup(src->auth_query);
+	dst->auth_dbname = xstrdup(src->auth_dbname);
 	dst->connect_query = xstrdup(src->connect_query);
 	dst->client_encoding = xstrdup(src->client_encoding);
 	dst->datestyle = xstrdup(src->datestyle);
@@ -44,6 +46,8 @@ static void db_conf_release(struct db_conf *dc)
 	free(dc->user);
 	free(dc->password);
 	free(dc->auth_user);
+	free(dc->auth_query);
+	free(dc->auth_dbname);
 	free(dc->connect_query);
 	free(dc->client_encoding);
 	free(dc->datestyle);
@@ -165,9 +169,28 @@ int pool_size_of(const struct pool *p)
 	return rt->cf->default_pool_size;
 }
 
+/* The reserve pool: the user's [users] reserve_pool_size, else the database's, else the global one (PgBouncer 1.24). */
 static int reserve_size_of(const struct pool *p)
 {
+	const struct user_conf *uc = config_find_user(rt->cf, p->user);
+	if (uc && uc->reserve_pool_size >= 0)
+		return uc->reserve_pool_size;
 	return p->db->conf.reserve_pool_size >= 0 ? p->db->conf.reserve_pool_size : rt->cf->reserve_pool_size;
+}
+
+/* query_wait_timeout: the user's [users] value, else the database's, else the global one (PgBouncer's order). */
+static usec_t query_wait_timeout_of(const struct pool *p)
+{
+	const struct user_conf *uc = config_find_user(rt->cf, p->user);
+	if (uc && uc->query_wait_timeout >= 0)
+		return uc->query_wait_timeout;
+	return p->db->conf.query_wait_timeout >= 0 ? p->db->conf.query_wait_timeout : rt->cf->query_wait_timeout;
+}
+
+/* server_lifetime: the database's, else the global one (0 = never). */
+static usec_t pool_server_lifetime(const struct lk_db *db)
+{
+	return db->conf.server_lifetime > 0 ? db->conf.server_lifetime : rt->cf->server_lifetime;
 }
 
 static int min_size_of(const struct pool *p)
@@ -468,6 +491,7 @@ bool pool_acquire(struct client *c)
 		return true;
 	}
 	c->wait_start = now_mono();
+	c->wait_notified = false;
 	pool_set_client_state(c, CL_WAITING);
 	if (!pool_is_paused(p) && p->n_login_sv == 0 && can_launch(p, false))
 		server_launch(p);
@@ -490,7 +514,7 @@ static void pool_activate(struct pool *p)
 
 static bool server_expired(const struct server *s)
 {
-	usec_t life = rt->cf->server_lifetime;
+	usec_t life = pool_server_lifetime(s->pool->db);
 	return s->close_needed || s->pool->db->removed || (life > 0 && rt->now - s->created > life);
 }
 
@@ -806,11 +830,28 @@ static bool xact_too_long(const struct server *s, usec_t now, usec_t limit)
 	return limit > 0 && s->in_xact && now - s->xact_start > limit;
 }
 
+/* PgBouncer's text for query_wait_notify (NOTICE, SQLSTATE 00000). */
+#define QUERY_WAIT_NOTICE "No server connection available in postgres backend, client being queued"
+
+/* query_wait_notify: tell a client that has waited that long, once per wait. */
+static void notify_waiting(struct client *c, usec_t now)
+{
+	usec_t limit = rt->cf->query_wait_notify;
+
+	if (limit <= 0 || c->wait_notified || now - c->wait_start < limit || c->closing || !c->bev)
+		return;
+	c->wait_notified = true;
+	pkt_notice(&rt->pb, "00000", QUERY_WAIT_NOTICE);
+	if (!pkt_send(&rt->pb, bufferevent_get_output(c->bev)))
+		log_warning("could not queue the query_wait_notify notice");
+}
+
 static void janitor_clients(struct pool *p, usec_t now)
 {
 	struct client *c, *tmp;
 	const struct lk_config *cf = rt->cf;
 	struct client_timeouts to;
+	usec_t wait_limit = query_wait_timeout_of(p);
 
 	pool_timeouts(p, &to);
 
@@ -818,8 +859,10 @@ static void janitor_clients(struct pool *p, usec_t now)
 		if (cf->client_login_timeout > 0 && now - c->login_start > cf->client_login_timeout)
 			client_close(c, "57014", "client_login_timeout (server down)");
 	TAILQ_FOREACH_SAFE(c, &p->waiting_clients, entry, tmp)
-		if (cf->query_wait_timeout > 0 && now - c->wait_start > cf->query_wait_timeout)
+		if (wait_limit > 0 && now - c->wait_start > wait_limit)
 			client_close(c, "57014", "query_wait_timeout");
+		else
+			notify_waiting(c, now);
 	TAILQ_FOREACH_SAFE(c, &p->active_clients, entry, tmp) {
 		struct server *s = c->link;
 		usec_t idle = now - c->request_time;
@@ -931,6 +974,7 @@ void pool_janitor(void)
 		if (!janitor_autodb_idle(p, now))
 			janitor_launch(p, now);
 	}
+	peers_janitor(now);
 	admin_janitor();
 	lokadb_check_shutdown();
 }

@@ -881,6 +881,7 @@ void server_process(struct server *s)
 struct cancel_req {
 	LIST_ENTRY(cancel_req) entry;
 	struct bufferevent *bev;
+	usec_t arrived;		/* monotonic; cancel_wait_timeout counts from here */
 };
 
 static void cancel_free(struct cancel_req *cr)
@@ -892,10 +893,15 @@ static void cancel_free(struct cancel_req *cr)
 
 static void cancel_event_cb(struct bufferevent *bev, short what, void *arg)
 {
+	struct cancel_req *cr = arg;
+
 	(void)bev;
 	if (what & BEV_EVENT_CONNECTED)
 		return;
-	cancel_free(arg);
+	if (what & BEV_EVENT_TIMEOUT)	/* PgBouncer's line */
+		log_warning("cancel request closing because: cancel_wait_timeout (age=%llds)",
+			    (long long)((now_mono() - cr->arrived) / USEC));
+	cancel_free(cr);
 }
 
 /* At exit: drop cancel requests still on their way. */
@@ -921,6 +927,7 @@ static struct cancel_req *cancel_new(int fd)
 		free(cr);
 		return NULL;
 	}
+	cr->arrived = now_mono();
 	LIST_INSERT_HEAD(&rt->cancel_reqs, cr, entry);
 	return cr;
 }
@@ -932,7 +939,12 @@ static struct cancel_req *cancel_new(int fd)
  */
 static void cancel_start(struct cancel_req *cr, const uint8_t *pkt)
 {
+	usec_t limit = rt->cf->cancel_wait_timeout;
+	struct timeval tv = { (time_t)(limit / USEC), (suseconds_t)(limit % USEC) };
+
 	bufferevent_setcb(cr->bev, NULL, cancel_write_cb, cancel_event_cb, cr);
+	if (limit > 0)		/* connecting, sending, and waiting for the server to close */
+		bufferevent_set_timeouts(cr->bev, &tv, &tv);
 	bufferevent_write(cr->bev, pkt, 16);
 	bufferevent_enable(cr->bev, EV_READ);
 }

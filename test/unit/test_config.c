@@ -17,7 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define SETTINGS_IN_STRUCT 81	/* fields from logfile to the last setting of struct lk_config */
+#define SETTINGS_IN_STRUCT 83	/* fields from logfile to the last setting of struct lk_config */
 
 struct fx {
 	bool made;		/* dir exists and must be removed */
@@ -360,11 +360,26 @@ static bool test_users(void)
 	u = config_find_user(cf, "web user");
 	CHECK(u);
 	CHECK(u->pool_mode == POOL_SESSION && u->pool_size == -1 && u->max_user_connections == -1);
+	CHECK(u->reserve_pool_size == -1 && u->query_wait_timeout == -1);
 	CHECK(config_find_user(cf, "Batch") == NULL);
 	config_free(cf);
+	cf = fx_load(&fx, "[users]\nx = reserve_pool_size=5 query_wait_timeout=0\n"
+		     "[databases]\nd = server_lifetime=30 query_wait_timeout=2s auth_dbname=x auth_query='SELECT $1, ''s'''\n"
+		     "e = host=/tmp\n");
+	CHECK(cf);
+	u = config_find_user(cf, "x");
+	CHECK(u && u->reserve_pool_size == 5 && u->query_wait_timeout == 0);
+	CHECK(config_find_db(cf, "d")->server_lifetime == 30 * USEC);
+	CHECK(config_find_db(cf, "d")->query_wait_timeout == 2 * USEC);
+	CHECK(strcmp(config_find_db(cf, "d")->auth_query, "SELECT $1, 's'") == 0);
+	CHECK(strcmp(config_find_db(cf, "d")->auth_dbname, "x") == 0);
+	CHECK(config_find_db(cf, "e")->auth_query == NULL);
+	CHECK(config_find_db(cf, "e")->server_lifetime == 0 && config_find_db(cf, "e")->query_wait_timeout == -1);
+	config_free(cf);
 	cf = NULL;
-	CHECK(load_fails(&fx, "[users]\nx = reserve_pool_size=5\n",
-			 ":2: user \"x\": option \"reserve_pool_size\" is not supported by this version of lokadb"));
+	CHECK(load_fails(&fx, "[databases]\nd = load_balance_hosts=disable\n",
+			 ":2: database \"d\": option \"load_balance_hosts\" is not supported by this version of lokadb"));
+	CHECK(load_fails(&fx, "[users]\nx = server_lifetime=5\n", ":2: user \"x\": unknown option \"server_lifetime\""));
 	CHECK(load_fails(&fx, "[users]\nx = colour=blue\n", ":2: user \"x\": unknown option \"colour\""));
 end:
 	config_free(cf);
