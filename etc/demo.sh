@@ -184,7 +184,7 @@ cat >"$TMP/lokadb.ini" <<EOF
 ; clients ask for "app"; lokadb connects to database appdb on the cluster
 app = host=127.0.0.1 port=$PG_PORT dbname=appdb
 ; the site "acme" through the tunnel: its agent serves database appdb there
-site_acme = transport=tunnel host=acme dbname=appdb pool_mode=session
+site_acme = transport=tunnel site=acme dbname=appdb pool_mode=session
 
 [lokadb]
 listen_addr = 127.0.0.1
