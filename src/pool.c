@@ -570,24 +570,24 @@ void pool_server_login_failed(struct pool *p, const char *sqlstate, const char *
 	p->last_error = xstrdup(msg);
 	while ((c = TAILQ_FIRST(&p->login_clients)))
 		client_close(c, sqlstate, "%s", msg);
+	/*
+	 * A pool served through a plugin transport (a site behind the tunnel)
+	 * with no other server that could serve them (the failing one is still
+	 * counted): its waiting clients get the error now, rather than wait for
+	 * query_wait_timeout while every retry fails the same way -- the site's
+	 * agent is gone, or its database is down or refuses logins. A plain pool
+	 * keeps PgBouncer's behaviour: its clients wait, and it retries every
+	 * server_login_retry.
+	 */
+	if (p->db->conf.transport && pool_server_total(p) <= 1)
+		while ((c = TAILQ_FIRST(&p->waiting_clients)))
+			client_close(c, sqlstate, "%s", msg);
 }
 
-/*
- * A plugin transport could not open a server connection (e.g. no tunnel
- * agent of the site is connected): besides the clients logging in, fail the
- * clients waiting for a server when the pool has no other server that could
- * serve them (the failing one is still counted), rather than have them wait
- * for query_wait_timeout while every retry fails the same way.
- */
+/* A plugin transport could not open a server connection (e.g. no tunnel agent of the site is connected). */
 void pool_transport_failed(struct pool *p, const char *msg)
 {
-	struct client *c;
-
 	pool_server_login_failed(p, "08001", msg);
-	if (pool_server_total(p) > 1)
-		return;
-	while ((c = TAILQ_FIRST(&p->waiting_clients)))
-		client_close(c, "08001", "%s", msg);
 }
 
 /* The client is going away: settle its server and take it off the pool. */

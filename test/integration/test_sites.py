@@ -381,6 +381,28 @@ def test_move_two_orgs_offline_to_two_sites(env):
     e.err("CREATE SITE gamma HOST 'h'", "42601")
     e.err("DROP SITE nowhere", "42704")
 
+    # site beta's database stops taking connections and loses its sessions: only org 2 fails,
+    # at once and clearly; org 1 (site acme) and org 3 (cloud) do not notice; then it comes back
+    r1, r3 = reads(e.app(), 1), reads(e.app(), 3)
+    e.site_pg.sql("ALTER DATABASE site2 WITH ALLOW_CONNECTIONS false")
+    e.site_pg.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = 'site2'")
+    c = e.app()
+    for _ in range(2):      # the pooled session is gone, then a new one is refused
+        t0 = time.monotonic()
+        with pytest.raises(psycopg.Error) as ei:
+            c.execute("SELECT count(*) FROM documents WHERE organization_id = 2")
+        assert time.monotonic() - t0 < 30 * SLOW
+        assert ei.value.sqlstate and ei.value.sqlstate[:2] in ("08", "57", "XX", "HV", "55"), \
+            (ei.value.sqlstate, str(ei.value))
+    assert 'site2' in str(ei.value) or 'connect' in str(ei.value), str(ei.value)
+    assert c.execute("SELECT count(*) FROM documents WHERE organization_id = 3").fetchone()[0] == len(r3[0])
+    c3 = e.app()
+    assert reads(c3, 1) == r1
+    assert reads(c3, 3) == r3
+    e.site_pg.sql("ALTER DATABASE site2 WITH ALLOW_CONNECTIONS true")
+    wait_until(lambda: e.app().execute("SELECT count(*) FROM documents WHERE organization_id = 2")
+               .fetchone()[0] > 0, 20 * SLOW, what="org 2 to be served again")
+
     # agent 1 stops: only org 1's statements fail, at once and clearly
     e.agents["acme"].stop()
     t0 = time.monotonic()
