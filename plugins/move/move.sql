@@ -1531,6 +1531,9 @@ DECLARE
 	k record;
 	def text;
 	prefix text;
+	fkid bigint;
+	nn text;
+	chg text;
 	srv text := lokadb._site_server(p_site);
 BEGIN
 	SELECT rolsuper INTO su FROM pg_roles WHERE rolname = current_user;
@@ -1581,6 +1584,33 @@ BEGIN
 			END IF;
 			def := overlay(k.def PLACING ' ON ' || ql || ' ' FROM position(prefix IN k.def) FOR length(prefix));
 			EXECUTE def;
+		END LOOP;
+		-- the leaf's foreign keys to cloud tables (ISOLATE ORG gave it DEFAULT's): a foreign table
+		-- takes none, so each becomes LokaDB's check -- a plain row trigger on the foreign table
+		-- (it cannot have constraint triggers: checked at once, never deferred) and constraint
+		-- triggers on the referenced table that look for the organization's rows at the site
+		FOR k IN SELECT f.conname, f.confrelid, f.confupdtype, f.confdeltype, f.condeferrable, f.condeferred,
+				(SELECT array_agg(a.attname ORDER BY o) FROM unnest(f.conkey) WITH ORDINALITY u(n, o)
+				 JOIN pg_attribute a ON a.attrelid = f.conrelid AND a.attnum = u.n) AS from_cols,
+				(SELECT array_agg(a.attname ORDER BY o) FROM unnest(f.confkey) WITH ORDINALITY u(n, o)
+				 JOIN pg_attribute a ON a.attrelid = f.confrelid AND a.attnum = u.n) AS to_cols
+			 FROM pg_constraint f WHERE f.conrelid = to_regclass(qold) AND f.contype = 'f' ORDER BY f.conname LOOP
+			INSERT INTO lokadb.fkeys (conname, from_rel, from_cols, to_rel, to_cols, on_update, on_delete,
+						  is_deferrable, is_deferred, definition)
+			VALUES (k.conname, to_regclass(ql), k.from_cols, k.confrelid, k.to_cols, k.confupdtype, k.confdeltype,
+				k.condeferrable, k.condeferred,
+				lokadb._fk_def(k.from_cols, k.confrelid, k.to_cols, k.confupdtype, k.confdeltype,
+					       k.condeferrable, k.condeferred))
+			RETURNING id INTO fkid;
+			SELECT string_agg(format('NEW.%I IS NOT NULL', c), ' AND '),
+			       string_agg(format('OLD.%I IS DISTINCT FROM NEW.%I', c, c), ' OR ')
+			  INTO nn, chg FROM unnest(k.from_cols) c;
+			EXECUTE format('CREATE TRIGGER %I AFTER INSERT ON %s FOR EACH ROW WHEN (%s) '
+				       'EXECUTE FUNCTION lokadb.fk_child(%L)', 'lokadb_fk' || fkid || '_ins', ql, nn, fkid);
+			EXECUTE format('CREATE TRIGGER %I AFTER UPDATE OF %s ON %s FOR EACH ROW WHEN (%s AND (%s)) '
+				       'EXECUTE FUNCTION lokadb.fk_child(%L)', 'lokadb_fk' || fkid || '_upd',
+				       (SELECT string_agg(quote_ident(c), ', ') FROM unnest(k.from_cols) c), ql, nn, chg, fkid);
+			PERFORM lokadb._fk_triggers(fkid, 'parent');
 		END LOOP;
 		EXECUTE format('INSERT INTO %s (%s) SELECT %s FROM %s', ql, lokadb._ins_cols(to_regclass(qold)),
 			       lokadb._ins_cols(to_regclass(qold)), qold);
