@@ -553,3 +553,10 @@ def test_round_trips_with_lokadb_row_triggers(env, cloud, pg):
         e.app().execute("UPDATE documents SET folder_id = 99 WHERE organization_id = 1 "
                         "AND id = (SELECT min(id) FROM documents WHERE organization_id = 1)")
     assert ei.value.sqlstate == "23503", (ei.value.sqlstate, str(ei.value))
+    # and a cloud row the moved organization references cannot go
+    e.app().execute("UPDATE documents SET folder_id = 3 WHERE organization_id = 1 "
+                    "AND id = (SELECT min(id) FROM documents WHERE organization_id = 1)")
+    with pytest.raises(psycopg.Error) as ei:
+        e.app().execute("DELETE FROM folders WHERE id = 3")
+    assert ei.value.sqlstate == "23503", (ei.value.sqlstate, str(ei.value))
+    e.app().execute("DELETE FROM folders WHERE id = 4")     # one nobody references
