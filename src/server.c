@@ -753,15 +753,28 @@ static bool inspect_message(struct server *s, struct evbuffer *in, const uint8_t
 	return true;
 }
 
+/* n bytes of `in` from offset off, false when they are not all there. */
+static bool copy_at(struct evbuffer *in, size_t off, uint8_t *out, size_t n)
+{
+	struct evbuffer_iovec v;
+	struct evbuffer_ptr at;
+
+	/* the usual case: the first chain holds them (a reply read in one recv) */
+	if (evbuffer_peek(in, (ev_ssize_t)(off + n), NULL, &v, 1) == 1 && v.iov_len >= off + n) {
+		memcpy(out, (const uint8_t *)v.iov_base + off, n);
+		return true;
+	}
+	return evbuffer_ptr_set(in, &at, off, EVBUFFER_PTR_SET) == 0 && evbuffer_copyout_from(in, &at, out, n) == (ev_ssize_t)n;
+}
+
 static bool server_message(struct server *s, struct evbuffer *in)
 {
 	uint8_t hdr[6];
 	uint32_t len;
 	char type;
 	struct rq_item *head;
-	struct evbuffer_ptr at;
 
-	if (evbuffer_ptr_set(in, &at, s->batch, EVBUFFER_PTR_SET) < 0 || evbuffer_copyout_from(in, &at, hdr, 5) < 5)
+	if (!copy_at(in, s->batch, hdr, 5))
 		return false;
 	type = (char)hdr[0];
 	len = pkt_get_u32(hdr + 1);
@@ -777,7 +790,7 @@ static bool server_message(struct server *s, struct evbuffer *in)
 			server_close(s, "invalid ReadyForQuery from server");
 			return false;
 		}
-		if (evbuffer_copyout_from(in, &at, hdr, 6) < 6)
+		if (!copy_at(in, s->batch, hdr, 6))
 			return false;
 		handle_rfq(s, in, hdr);		/* its 6 bytes leave with the batch */
 		return true;
