@@ -100,6 +100,10 @@ $(BUILD)/tools/%: test/tools/%.c config.mk
 $(BUILD)/tools/mux_bench: test/tools/mux_bench.c $(MUX_SRCS) $(MUX_HDRS) config.mk
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -I$(MUX_DIR) -o $@ $< $(MUX_SRCS) $(LDFLAGS) $(DEP_LIBS)
+# agent_swarm opens many agent sessions (TLS + the mux handshake): it compiles the mux sources in.
+$(BUILD)/tools/agent_swarm: test/tools/agent_swarm.c $(MUX_SRCS) $(MUX_HDRS) config.mk
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -I$(MUX_DIR) -o $@ $< $(MUX_SRCS) $(LDFLAGS) $(DEP_LIBS)
 test-tools: $(TOOLS)
 
 unit: $(UNIT_BINS)

@@ -56,6 +56,7 @@ See doc/benchmarks.md. Python standard library only.
 
 import argparse
 import datetime
+import importlib.util
 import os
 import re
 import shlex
@@ -70,6 +71,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib as bl  # noqa: E402
 import parity  # noqa: E402
 import routing_cost  # noqa: E402
+# bench/site.py by its path: `import site` is Python's own site module.
+_spec = importlib.util.spec_from_file_location("site_suite", Path(__file__).resolve().parent / "site.py")
+site_suite = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(site_suite)
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -99,6 +104,8 @@ PLUGIN_TARGETS = ["lokadb", "lokadb_noop", "lokadb_control"]
 TARGET_LABEL = {"direct": "direct", "pgbouncer": "PgBouncer", "lokadb": "lokadb",
                 "lokadb_noop": "lokadb + t_noop", "lokadb_control": "lokadb control"}
 SUITES = ["cloud", "plugin", "parity", "routing"]
+# Suites run only when BENCH_SUITES names them (they take longer).
+EXTRA_SUITES = ["site"]
 NOOP_PLUGIN = "t_noop"
 # The plugin overhead rows: the per-statement scenarios (not -C).
 PLUGIN_SCENARIOS = ("select", "update")
@@ -859,8 +866,9 @@ def parse_args():
     suites_env = os.environ.get("BENCH_SUITES", "").strip()
     o.suites = [w.strip() for w in suites_env.split(",") if w.strip()] or list(SUITES)
     for w in o.suites:
-        if w not in SUITES:
-            sys.exit(f"BENCH_SUITES: unknown benchmark {w!r} (known: {', '.join(SUITES)})")
+        if w not in SUITES + EXTRA_SUITES:
+            sys.exit(f"BENCH_SUITES: unknown benchmark {w!r} (known: "
+                     f"{', '.join(SUITES + EXTRA_SUITES)})")
     spec = os.environ.get("BENCH_SCENARIOS", "")
     o.rows = select_rows(spec) if "cloud" in o.suites else []
     o.plugin_rows = select_rows(spec, PLUGIN_SCENARIOS) if "plugin" in o.suites else []
@@ -896,6 +904,10 @@ def parse_args():
                 sys.exit(f"routing cost: {why}")
             bl.log(f"routing cost skipped: {why}")
             o.suites.remove("routing")
+    if "site" in o.suites:
+        why = site_suite.setup_options(o)
+        if why:
+            sys.exit(f"site: {why}")
     if not o.suites:
         sys.exit("nothing to run: BENCH_SUITES / BENCH_SCENARIOS chose no row")
     if not os.access(o.lokadb, os.X_OK):
@@ -946,6 +958,15 @@ def main():
         # the other suites have stopped theirs.
         only_one = not (o.rows or o.plugin_rows or "parity" in o.suites)
         rc, lines = routing_cost.run_suite(o, sys.modules[__name__], now, only_one)
+        if rc == 130:
+            return rc
+        if rc == 0 and o.strict and any(x.startswith("**FAIL") for x in lines):
+            rc = 3
+        status.append(rc)
+    if "site" in o.suites:
+        # Clusters of its own (cloud and site), after the other suites.
+        only_one = o.suites == ["site"]
+        rc, lines = site_suite.run_suite(o, sys.modules[__name__], now, only_one)
         if rc == 130:
             return rc
         if rc == 0 and o.strict and any(x.startswith("**FAIL") for x in lines):
