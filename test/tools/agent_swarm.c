@@ -23,7 +23,9 @@
  * `agent_swarm: N sessions established in T s` once all are accepted, then
  * holds them until SIGTERM/SIGINT (or --hold-s seconds), then prints
  * `agent_swarm: N established, F failed` and exits 0 (1 if a session failed
- * or was lost, or not all were up within 120 s).
+ * or was lost, or not all were up within 120 s). When every session has
+ * been tried and one failed before all were up (a refused token, an
+ * unknown site), it stops at once. Bad arguments: usage, exit 2.
  */
 #include "mux.h"
 
@@ -124,6 +126,10 @@ static void agent_fail(struct agent *x, const char *why)
 		x->bev = NULL;
 	}
 	start_more();
+	if (!W.all_up && W.next == W.count && W.in_handshake == 0) {
+		fprintf(stderr, "agent_swarm: %d of %d sessions failed before all were up\n", W.failed, W.count);
+		event_base_loopexit(W.base, NULL);
+	}
 }
 
 static void read_cb(struct bufferevent *bev, void *arg)
