@@ -25,6 +25,12 @@ meta_cache + org_routing (and org_affinity on, when org_routing has it) on
 tenant tables whose organizations are all in DEFAULT or all in their own
 partition, by number of organizations, in a cluster of its own.
 
+site (bench/site.py; only when BENCH_SUITES names it, about 15 minutes):
+what a moved organization costs: the price of distance through postgres_fdw
+and the tunnel at four round-trip times, streaming a moved organization by
+tunnel window, relay memory with 10/100/1000 idle agents, and 200/500/1000
+clients on a moved organization through fdw; two clusters of its own.
+
     make bench                                  # full run (BENCH_SECONDS=15)
     /usr/bin/python3 bench/run.py --quick       # 3 s smoke run
     BENCH_SCENARIOS=select,connect /usr/bin/python3 bench/run.py
@@ -37,11 +43,13 @@ Environment:
     BENCH_SCENARIOS  comma list of scenarios (select, update, connect) or rows
                      (select:32); default all
     BENCH_SUITES     comma list of the benchmarks to run: cloud, plugin,
-                     parity, routing (default all four)
+                     parity, routing (default all four), site (only when named)
     BENCH_PARITY_*   the parity suite's own settings: see bench/parity.py and
                      doc/benchmarks.md
     BENCH_ROUTING_*  the routing cost suite's own settings: see
                      bench/routing_cost.py and doc/benchmarks.md
+    BENCH_SITE_*     the site suite's own settings: see bench/site.py and
+                     doc/benchmarks.md
     LOKADB_TEST_PLUGIN_DIR  directory holding t_noop.so (`make bench` sets it;
                      default build/rel/test-plugins)
     BENCH_POOL_SIZE  default_pool_size of both poolers (default 16)
@@ -49,7 +57,7 @@ Environment:
     BENCH_KEEP_TMP   non-empty: keep the temp dir (cluster, inis, pooler logs)
 
 Results: bench/results/cloud-overhead.md, plugin-overhead.md, parity.md and
-routing-cost.md (+ routing-cost.png), each with a dated copy NAME-YYYYMMDD.md
+routing-cost.md (+ routing-cost.png), site.md (+ site.png), each with a dated copy NAME-YYYYMMDD.md
 (--quick writes NAME-quick.md only).
 See doc/benchmarks.md. Python standard library only.
 """
