@@ -152,8 +152,9 @@ fuzz-smoke: $(FUZZ_BINS)
 		|| { tail -40 build/fuzz/$$n.log; exit 1; }; \
 		grep -E "stat::number_of_executed_units" build/fuzz/$$n.log | sed "s/^/  $$n /"; done
 
-bench: all test-plugins
-	LOKADB_TEST_PLUGIN_DIR=$(abspath $(BUILD)/test-plugins) $(PYTHON) bench/run.py
+bench: all test-plugins test-tools
+	LOKADB_TEST_PLUGIN_DIR=$(abspath $(BUILD)/test-plugins) LOKADB_TOOLS_DIR=$(abspath $(BUILD)/tools) \
+		$(PYTHON) bench/run.py
 
 demo: deps all
 	sh etc/demo.sh
