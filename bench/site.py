@@ -27,7 +27,9 @@ memory    RSS and PSS of a relay lokadb (sites and a tunnel database for 1000
           a fresh relay process for each count. The agents are sessions of
           test/tools/agent_swarm (one process, one site per session, the
           agent plugin's handshake: TLS 1.3, HELLO with the token proof, then
-          the mux heartbeat).
+          the mux heartbeat); the 10-agent row is also run with 10 lokadb
+          agent processes, to check that the swarm costs the relay what
+          real agents do.
 clients   200 / 500 / 1000 concurrent pgbench clients through the cloud lokadb
           (max_client_conn raised, transaction pooling in front of the cloud
           PostgreSQL) reading the moved organization through postgres_fdw (the
@@ -74,6 +76,7 @@ QUICK_STREAM_MB = 24
 PAD = 200                              # bytes of padding per row (streaming)
 CLOUD_ORG = 0
 STREAM_ORG = 90
+REAL_AGENTS = 10                       # memory: this count also with lokadb agent processes
 POOL_SIZE = 20                         # cloud lokadb pools (cloud db, and each site_rN)
 
 PG_SETTINGS = {
@@ -540,9 +543,15 @@ class SiteBench:
         extra = {f"org_{s}": f"transport=tunnel host={s} dbname=app" for s in names}
         bl.log(f"== relay memory with {', '.join(map(str, self.so.agents))} agents "
                f"({len(names)} sites configured)")
-        for n in [0] + list(self.so.agents):
+        # (agents, real): a row of REAL_AGENTS lokadb agent processes checks that
+        # agent_swarm's sessions cost the relay what real agents cost it.
+        rows = [(0, False)] + [(n, False) for n in self.so.agents]
+        if REAL_AGENTS in self.so.agents:
+            rows.insert(rows.index((REAL_AGENTS, False)) + 1, (REAL_AGENTS, True))
+        for n, real in rows:
             port = bl.free_port()
-            relay = Lokadb(f"lokadb_mem_{n}", self.o.lokadb, self.base, self.cloud, "cloud",
+            relay = Lokadb(f"lokadb_mem_{n}{'_real' if real else ''}", self.o.lokadb, self.base,
+                           self.cloud, "cloud",
                            {"plugins": "relay", "plugin_dir": str(self.plugin_dir),
                             "max_client_conn": "100"},
                            sections={"plugin.relay": {"listen": f"127.0.0.1:{port}",
@@ -551,9 +560,26 @@ class SiteBench:
                            extra_dbs=extra)
             relay.start()
             before = mem_of(relay.pid)
-            row = {"agents": n, "before": before}
+            row = {"agents": n, "before": before, "real": real}
             sw = None
-            if n:
+            procs = []
+            if real:
+                for i in range(n):
+                    a = bl.Pooler(f"agent_mem_{i}", self.o.lokadb, self.base, self.site, "app",
+                                  {"plugins": "agent", "plugin_dir": str(self.plugin_dir)},
+                                  sections={"plugin.agent": {
+                                      "relay": f"127.0.0.1:{port}", "site": names[i],
+                                      "token": swarm_token(names[i]), "relay_pin": self.pin,
+                                      "databases": f"app:host=127.0.0.1 port={self.site.port} "
+                                                   f"dbname=app"}})
+                    a.start()
+                    procs.append(a)
+                t0 = time.monotonic()
+                self.wait_agents(relay, names[:n])
+                row["ramp_s"] = time.monotonic() - t0
+                self.commands.append((f"relay memory, {n} lokadb agent processes",
+                                      procs[0].cmd + ["(one per site)"], None))
+            elif n:
                 sw = Tool(f"swarm_{n}", [self.so.tools / "agent_swarm", "--relay",
                                          f"127.0.0.1:{port}", "--count", n, "--parallel", 32],
                           self.base / f"swarm_{n}.log")
@@ -564,17 +590,20 @@ class SiteBench:
             active = sum(1 for r in relay.console_dicts("SHOW AGENTS") if r["state"] == "active")
             row["active"] = active
             row["after"] = mem_of(relay.pid)
-            row["swarm_rss"] = mem_of(sw.popen.pid)[0] if sw else None
+            row["swarm_rss"] = (mem_of(sw.popen.pid)[0] if sw else
+                                sum(mem_of(a.pid)[0] or 0 for a in procs) if procs else None)
             # stay connected across a heartbeat: still all active, memory again
             time.sleep(1 if self.so.quick else 11)
             row["later"] = mem_of(relay.pid)
             row["active_later"] = sum(1 for r in relay.console_dicts("SHOW AGENTS")
                                       if r["state"] == "active")
             self.memory.append(row)
-            bl.log(f"{n} agents ({active} active): relay RSS {fmt(row['after'][0], '.1f')} MiB, "
-                   f"PSS {fmt(row['after'][1], '.1f')} MiB")
+            bl.log(f"{n} {'lokadb agents' if real else 'agents'} ({active} active): relay RSS "
+                   f"{fmt(row['after'][0], '.1f')} MiB, PSS {fmt(row['after'][1], '.1f')} MiB")
             if sw:
                 sw.stop()
+            for a in procs:
+                a.stop()
             relay.stop()
 
     def run(self):
@@ -704,18 +733,25 @@ def render(bench, meta, chart_name):
                  + (" (--quick: 1 s)" if so.quick else "") + ".")
         L.append("")
         L.append("| agents | active | relay RSS MiB | relay PSS MiB | later RSS MiB | per agent KiB "
-                 "| ramp-up s | swarm RSS MiB |")
+                 "| ramp-up s | agents' RSS MiB |")
         L.append("|--:|--:|--:|--:|--:|--:|--:|--:|")
         base_rss = bench.memory[0]["after"][0] if bench.memory and bench.memory[0]["agents"] == 0 else None
         for r in bench.memory:
             per = ((r["later"][0] - base_rss) * 1024 / r["agents"]
                    if r["agents"] and base_rss is not None and r["later"][0] else None)
-            L.append(f"| {r['agents']} | {r['active']} / {r['active_later']} | "
+            L.append(f"| {r['agents']}{' lokadb agent processes' if r['real'] else ''} | "
+                     f"{r['active']} / {r['active_later']} | "
                      f"{fmt(r['after'][0], '.1f')} | {fmt(r['after'][1], '.1f')} | "
                      f"{fmt(r['later'][0], '.1f')} | {fmt(per, '.0f')} | "
                      f"{fmt(r.get('ramp_s'), '.2f')} | {fmt(r['swarm_rss'], '.1f')} |")
         L.append("")
-        top = [r for r in bench.memory if r["agents"] == 1000]
+        if any(r["real"] for r in bench.memory):
+            L.append(f"The row with lokadb agent processes ({REAL_AGENTS} processes with the agent "
+                     f"plugin, connected without delay) checks that agent_swarm's sessions cost the "
+                     f"relay what real agents do; \"agents' RSS\" is the swarm process's RSS, or the "
+                     f"sum of the agent processes' RSS.")
+            L.append("")
+        top = [r for r in bench.memory if r["agents"] == 1000 and not r["real"]]
         if top:
             r = top[0]
             rss = max(x for x in (r["after"][0], r["later"][0]) if x is not None)
