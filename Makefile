@@ -102,6 +102,10 @@ $(BUILD)/tools/%: test/tools/%.c config.mk
 $(BUILD)/tools/mux_bench $(BUILD)/tools/tunnel_hello: $(BUILD)/tools/%: test/tools/%.c $(MUX_SRCS) $(MUX_HDRS) config.mk
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -I$(MUX_DIR) -o $@ $< $(MUX_SRCS) $(LDFLAGS) $(DEP_LIBS)
+# agent_swarm opens many agent sessions (TLS + the mux handshake): it compiles the mux sources in.
+$(BUILD)/tools/agent_swarm: test/tools/agent_swarm.c $(MUX_SRCS) $(MUX_HDRS) config.mk
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -I$(MUX_DIR) -o $@ $< $(MUX_SRCS) $(LDFLAGS) $(DEP_LIBS)
 test-tools: $(TOOLS)
 
 unit: $(UNIT_BINS)
@@ -150,8 +154,9 @@ fuzz-smoke: $(FUZZ_BINS)
 		|| { tail -40 build/fuzz/$$n.log; exit 1; }; \
 		grep -E "stat::number_of_executed_units" build/fuzz/$$n.log | sed "s/^/  $$n /"; done
 
-bench: all test-plugins
-	LOKADB_TEST_PLUGIN_DIR=$(abspath $(BUILD)/test-plugins) $(PYTHON) bench/run.py
+bench: all test-plugins test-tools
+	LOKADB_TEST_PLUGIN_DIR=$(abspath $(BUILD)/test-plugins) LOKADB_TOOLS_DIR=$(abspath $(BUILD)/tools) \
+		$(PYTHON) bench/run.py
 
 demo: deps all
 	sh etc/demo.sh

@@ -321,10 +321,12 @@ class Pooler:
     own directory, and the start check and the console use that socket, so
     they reach this very process even when others share its TCP port.
     client_env: extra libpq variables for the start check and the console
-    over TCP (e.g. {"PGSSLMODE": "require"} when the pooler requires TLS)."""
+    over TCP (e.g. {"PGSSLMODE": "require"} when the pooler requires TLS).
+    proc_env: extra environment variables of the pooler process itself
+    (e.g. {"LOKADB_MUX_WINDOW_KB": "1024"})."""
 
     def __init__(self, kind, binary, base, pg, dbname, settings, sections=None, port=None,
-                 own_socket=False, client_env=None):
+                 own_socket=False, client_env=None, proc_env=None):
         self.kind = kind
         self.is_pgbouncer = kind.startswith("pgbouncer")
         self.sections = sections or {}   # extra ini sections: {"plugin.x": {key: value}}
@@ -336,6 +338,7 @@ class Pooler:
         self.host = "127.0.0.1"
         self.own_socket = own_socket
         self.client_env = client_env
+        self.proc_env = proc_env or {}   # extra environment of the pooler process
         self.settings = settings
         self.ini = self.dir / f"{kind}.ini"
         self.logfile = self.dir / f"{kind}.log"
@@ -395,7 +398,7 @@ class Pooler:
         with open(self.stderr_path, "ab") as err:
             self.popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
                                           cwd=str(self.dir), start_new_session=True,
-                                          env=client_env())
+                                          env=client_env(self.proc_env))
         on_cleanup(self.kind, self.stop)
         deadline = time.monotonic() + timeout
         last = None

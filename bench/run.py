@@ -25,6 +25,12 @@ meta_cache + org_routing (and org_affinity on, when org_routing has it) on
 tenant tables whose organizations are all in DEFAULT or all in their own
 partition, by number of organizations, in a cluster of its own.
 
+site (bench/site.py; only when BENCH_SUITES names it, about 15 minutes):
+what a moved organization costs: the price of distance through postgres_fdw
+and the tunnel at four round-trip times, streaming a moved organization by
+tunnel window, relay memory with 10/100/1000 idle agents, and 200/500/1000
+clients on a moved organization through fdw; two clusters of its own.
+
     make bench                                  # full run (BENCH_SECONDS=15)
     /usr/bin/python3 bench/run.py --quick       # 3 s smoke run
     BENCH_SCENARIOS=select,connect /usr/bin/python3 bench/run.py
@@ -37,11 +43,13 @@ Environment:
     BENCH_SCENARIOS  comma list of scenarios (select, update, connect) or rows
                      (select:32); default all
     BENCH_SUITES     comma list of the benchmarks to run: cloud, plugin,
-                     parity, routing (default all four)
+                     parity, routing (default all four), site (only when named)
     BENCH_PARITY_*   the parity suite's own settings: see bench/parity.py and
                      doc/benchmarks.md
     BENCH_ROUTING_*  the routing cost suite's own settings: see
                      bench/routing_cost.py and doc/benchmarks.md
+    BENCH_SITE_*     the site suite's own settings: see bench/site.py and
+                     doc/benchmarks.md
     LOKADB_TEST_PLUGIN_DIR  directory holding t_noop.so (`make bench` sets it;
                      default build/rel/test-plugins)
     BENCH_POOL_SIZE  default_pool_size of both poolers (default 16)
@@ -49,13 +57,14 @@ Environment:
     BENCH_KEEP_TMP   non-empty: keep the temp dir (cluster, inis, pooler logs)
 
 Results: bench/results/cloud-overhead.md, plugin-overhead.md, parity.md and
-routing-cost.md (+ routing-cost.png), each with a dated copy NAME-YYYYMMDD.md
+routing-cost.md (+ routing-cost.png), site.md (+ site.png), each with a dated copy NAME-YYYYMMDD.md
 (--quick writes NAME-quick.md only).
 See doc/benchmarks.md. Python standard library only.
 """
 
 import argparse
 import datetime
+import importlib.util
 import os
 import re
 import shlex
@@ -70,6 +79,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib as bl  # noqa: E402
 import parity  # noqa: E402
 import routing_cost  # noqa: E402
+# bench/site.py by its path: `import site` is Python's own site module.
+_spec = importlib.util.spec_from_file_location("site_suite", Path(__file__).resolve().parent / "site.py")
+site_suite = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(site_suite)
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -99,6 +112,8 @@ PLUGIN_TARGETS = ["lokadb", "lokadb_noop", "lokadb_control"]
 TARGET_LABEL = {"direct": "direct", "pgbouncer": "PgBouncer", "lokadb": "lokadb",
                 "lokadb_noop": "lokadb + t_noop", "lokadb_control": "lokadb control"}
 SUITES = ["cloud", "plugin", "parity", "routing"]
+# Suites run only when BENCH_SUITES names them (they take longer).
+EXTRA_SUITES = ["site"]
 NOOP_PLUGIN = "t_noop"
 # The plugin overhead rows: the per-statement scenarios (not -C).
 PLUGIN_SCENARIOS = ("select", "update")
@@ -859,8 +874,9 @@ def parse_args():
     suites_env = os.environ.get("BENCH_SUITES", "").strip()
     o.suites = [w.strip() for w in suites_env.split(",") if w.strip()] or list(SUITES)
     for w in o.suites:
-        if w not in SUITES:
-            sys.exit(f"BENCH_SUITES: unknown benchmark {w!r} (known: {', '.join(SUITES)})")
+        if w not in SUITES + EXTRA_SUITES:
+            sys.exit(f"BENCH_SUITES: unknown benchmark {w!r} (known: "
+                     f"{', '.join(SUITES + EXTRA_SUITES)})")
     spec = os.environ.get("BENCH_SCENARIOS", "")
     o.rows = select_rows(spec) if "cloud" in o.suites else []
     o.plugin_rows = select_rows(spec, PLUGIN_SCENARIOS) if "plugin" in o.suites else []
@@ -896,6 +912,10 @@ def parse_args():
                 sys.exit(f"routing cost: {why}")
             bl.log(f"routing cost skipped: {why}")
             o.suites.remove("routing")
+    if "site" in o.suites:
+        why = site_suite.setup_options(o)
+        if why:
+            sys.exit(f"site: {why}")
     if not o.suites:
         sys.exit("nothing to run: BENCH_SUITES / BENCH_SCENARIOS chose no row")
     if not os.access(o.lokadb, os.X_OK):
@@ -946,6 +966,15 @@ def main():
         # the other suites have stopped theirs.
         only_one = not (o.rows or o.plugin_rows or "parity" in o.suites)
         rc, lines = routing_cost.run_suite(o, sys.modules[__name__], now, only_one)
+        if rc == 130:
+            return rc
+        if rc == 0 and o.strict and any(x.startswith("**FAIL") for x in lines):
+            rc = 3
+        status.append(rc)
+    if "site" in o.suites:
+        # Clusters of its own (cloud and site), after the other suites.
+        only_one = o.suites == ["site"]
+        rc, lines = site_suite.run_suite(o, sys.modules[__name__], now, only_one)
         if rc == 130:
             return rc
         if rc == 0 and o.strict and any(x.startswith("**FAIL") for x in lines):
