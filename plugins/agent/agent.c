@@ -404,6 +404,7 @@ static void db_event_cb(struct bufferevent *bev, short what, void *arg)
 		return;
 	}
 	if (what & BEV_EVENT_CONNECTED) {
+		tlink_nodelay(bufferevent_getfd(st->ts.bev));
 		st->ts.ready = true;
 		mux_open_ack(l->s, st->ts.id, 0);
 		mux_resume(l->s, st->ts.id);
@@ -766,6 +767,7 @@ static void session_event_cb(struct bufferevent *bev, short what, void *arg)
 		uint8_t ekm[32], key[32], proof[EVP_MAX_MD_SIZE];
 		unsigned plen = 0;
 
+		tlink_nodelay(bufferevent_getfd(bev));
 		if (!check_pin(x, why, sizeof(why))) {
 			api->log(me, LK_LOG_ERROR, "agent: %s", why);
 			tlink_kill(&x->link, why);

@@ -230,6 +230,8 @@ static SSL_CTX *make_ctx(const char *cert, const char *key, char *why, size_t wl
 		return NULL;
 	}
 	SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION);
+	/* an idle agent keeps no read/write buffers (about 34 KiB each): 1000 agents in a few MB less */
+	SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
 	SSL_CTX_set_num_tickets(ctx, 0);
 	SSL_CTX_set_max_early_data(ctx, 0);
 	if (SSL_CTX_use_certificate_chain_file(ctx, cert) != 1) {

@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 
 /* ================= the connection ================= */
@@ -96,6 +98,21 @@ static void tlink_write_cb(struct bufferevent *bev, void *arg)
 	tlink_flush(arg);
 }
 
+/*
+ * TCP_NODELAY on a connection of the tunnel (the session's, or one to a
+ * site database): frames and PostgreSQL messages are small, and Nagle would
+ * hold each one until the previous is acknowledged -- about one more round
+ * trip per statement once several streams are busy. A unix socket refuses
+ * it; nothing to do then.
+ */
+void tlink_nodelay(evutil_socket_t fd)
+{
+	int on = 1;
+
+	if (fd >= 0)
+		(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
+}
+
 bool tlink_open(struct tlink *l, struct event_base *base, SSL *ssl, evutil_socket_t fd,
 		enum bufferevent_ssl_state state, enum mux_role role, const struct mux_settings *settings,
 		const struct mux_callbacks *cb, void *ud, const struct tlink_ops *ops, event_callback_fn tick_cb)
@@ -103,6 +120,7 @@ bool tlink_open(struct tlink *l, struct event_base *base, SSL *ssl, evutil_socke
 	l->ops = ops;
 	l->base = base;
 	l->started_ms = ops->now_ms();
+	tlink_nodelay(fd);
 	l->bev = bufferevent_openssl_socket_new(base, fd, ssl, state, BEV_OPT_CLOSE_ON_FREE);
 	if (!l->bev) {
 		SSL_free(ssl);

@@ -71,6 +71,7 @@ struct tlink {
  * its session and its timer (tick_cb gets the tlink). Takes ownership of
  * ssl and fd, also on failure. Nothing runs until tlink_start().
  */
+void tlink_nodelay(evutil_socket_t fd);
 bool tlink_open(struct tlink *l, struct event_base *base, SSL *ssl, evutil_socket_t fd,
 		enum bufferevent_ssl_state state, enum mux_role role, const struct mux_settings *settings,
 		const struct mux_callbacks *cb, void *ud, const struct tlink_ops *ops, event_callback_fn tick_cb);

@@ -205,13 +205,40 @@ static bool stream_was_opened(const struct mux_session *s, uint32_t id)
 	return (id & 1) && id <= highest;
 }
 
+/*
+ * The stream table grows with the streams in it (one bucket per stream at
+ * most), from 16 buckets: a session sized for max_streams from the start
+ * (2048 by default, 16 KiB) would cost an idle agent's relay more than all
+ * its other state. A failed growth keeps the table as it is: longer chains.
+ */
+static void stream_table_grow(struct mux_session *s)
+{
+	uint32_t nb = (s->mask + 1) * 2, nmask = nb - 1;
+	struct mux_stream **nbk, *st, *next;
+
+	if (s->mask + 1 >= MUX_MAX_STREAMS_CAP || !(nbk = calloc(nb, sizeof(*nbk))))
+		return;
+	for (uint32_t b = 0; b <= s->mask; b++)
+		for (st = s->buckets[b]; st; st = next) {
+			next = st->hnext;
+			st->hnext = nbk[(st->id >> 1) & nmask];
+			nbk[(st->id >> 1) & nmask] = st;
+		}
+	free(s->buckets);
+	s->buckets = nbk;
+	s->mask = nmask;
+}
+
 static struct mux_stream *stream_new(struct mux_session *s, uint32_t id, uint32_t recv_max, int64_t send_window)
 {
 	struct mux_stream *st = calloc(1, sizeof(*st));
-	uint32_t b = (id >> 1) & s->mask;
+	uint32_t b;
 
 	if (!st)
 		return NULL;
+	if (s->n_alloc + 1 > s->mask + 1)
+		stream_table_grow(s);
+	b = (id >> 1) & s->mask;
 	st->id = id;
 	st->state = MUX_ST_OPEN;
 	st->recv_max = recv_max;
@@ -844,8 +871,6 @@ struct mux_session *mux_session_new(enum mux_role role, const struct mux_setting
 		return NULL;
 	if (!(s = calloc(1, sizeof(*s))))
 		return NULL;
-	while (nb < settings->max_streams && nb < MUX_MAX_STREAMS_CAP)
-		nb <<= 1;
 	if (!(s->buckets = calloc(nb, sizeof(*s->buckets)))) {
 		free(s);
 		return NULL;
