@@ -1229,6 +1229,21 @@ static bool may_hold(lk_client *c, const struct orc *x)
 	return !api->client_in_transaction(c) || !x->block_lokadb;
 }
 
+/*
+ * May the session values go in front of this Query, in the same message
+ * (query_vars_inline)? One SELECT, INSERT, UPDATE or DELETE without session
+ * effects: it runs the same in the implicit transaction block the SETs and
+ * it then share (a statement that refuses blocks, a COMMIT, a second
+ * statement of the client's, is not one of them).
+ */
+static bool inline_ok(const struct or_analysis *a)
+{
+	const struct or_stmt *st = &a->stmts[0];
+
+	return a->nstmts == 1 && !a->effects && !a->ends_txn && !a->parse_error && st->effect == OR_FX_NONE &&
+	       st->kind >= OR_K_SELECT && st->kind <= OR_K_DELETE;
+}
+
 /* A message on LokaDB tables, or with session effects. */
 static int route_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *x, const struct or_analysis *a,
 			 const char *orig, const char *cur)
@@ -1275,6 +1290,8 @@ static int route_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 		g->n[N_ROUTED]++;
 		g->n[d.src == SRC_STATEMENT ? N_ORG_STATEMENT : d.src == SRC_SESSION ? N_ORG_SESSION : N_ORG_NONE]++;
 		maybe_rewrite(g, ev, x, a, &d);
+		if (type == 'Q' && inline_ok(a) && LK_API_HAS(api, query_vars_inline))
+			api->query_vars_inline(ev);	/* the SETs go in front of it, one Query */
 		if (!d.after_set)
 			ensure_org(g, ev, c, x, &d);
 		route_log(g, ev, &d, source_names[d.src]);
