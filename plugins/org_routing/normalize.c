@@ -5,7 +5,7 @@
  * and `... = 42 AND id = 9` share one analysis and one leaf rewrite.
  *
  * The tokens come from libpg_query's scanner (pg_query_scan: the lexer, no
- * parse). Integer constants and plain '...' strings become $1, $2, ... in
+ * parse; its protobuf result read by scan_tokens()). Integer constants and plain '...' strings become $1, $2, ... in
  * text order; everything else of the text is kept as written (so comments,
  * spacing and other constants are part of the key). Not normalized (the
  * caller uses the text itself): texts with $n parameters of their own,
@@ -28,6 +28,115 @@
 
 #define TPL_MARK 0x01		/* \x01 k \x02 in a template: literal number k */
 #define TPL_END 0x02
+
+/* One token of pg_query_scan: the bytes [start, end) of the text. */
+struct scan_tok {
+	int64_t start, end, token;
+};
+
+static bool get_varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
+{
+	*v = 0;
+	for (int shift = 0; *p < end && shift < 64; shift += 7) {
+		uint8_t b = *(*p)++;
+		*v |= (uint64_t)(b & 0x7f) << shift;
+		if (!(b & 0x80))
+			return true;
+	}
+	return false;
+}
+
+/* Skip a field of wire type wt; false on a type protobuf does not have here. */
+static bool skip_field(const uint8_t **p, const uint8_t *end, unsigned wt)
+{
+	uint64_t v;
+
+	switch (wt) {
+	case 0:
+		return get_varint(p, end, &v);
+	case 1:
+	case 5:
+		v = wt == 1 ? 8 : 4;
+		break;
+	case 2:
+		if (!get_varint(p, end, &v))
+			return false;
+		break;
+	default:
+		return false;
+	}
+	if (v > (uint64_t)(end - *p))
+		return false;
+	*p += v;
+	return true;
+}
+
+/*
+ * The tokens of `sql` (*n of them, caller frees), from pg_query_scan's
+ * result, a ScanResult message (pg_query.proto: field 2, repeated ScanToken
+ * {1 start, 2 end, 4 token, 5 keyword_kind}). Its three integer fields per
+ * token are read straight from the protobuf encoding: protobuf-c's
+ * generic unpack allocates a message per token and then frees them, which
+ * cost more than the scan itself (measured: 24,000 of the 78,000
+ * instructions per statement of or_normalize). NULL: a scan error, or an
+ * encoding not as above.
+ */
+static struct scan_tok *scan_tokens(const char *sql, size_t *n)
+{
+	PgQueryScanResult sr = pg_query_scan(sql);
+	const uint8_t *p = (const uint8_t *)sr.pbuf.data, *end = p + sr.pbuf.len;
+	struct scan_tok *v = NULL;
+	size_t cap = 0;
+	bool ok = !sr.error;
+
+	*n = 0;
+	while (ok && p < end) {
+		uint64_t tag, len;
+		const uint8_t *mend;
+		struct scan_tok t = { -1, -1, -1 };
+		ok = get_varint(&p, end, &tag);
+		if (!ok || tag != ((2u << 3) | 2u)) {	/* not a token: skipped */
+			ok = ok && skip_field(&p, end, (unsigned)(tag & 7));
+			continue;
+		}
+		if (!(ok = get_varint(&p, end, &len) && len <= (uint64_t)(end - p)))
+			break;
+		mend = p + len;
+		t.start = t.end = 0;
+		t.token = 0;
+		while (ok && p < mend) {
+			uint64_t ftag, val;
+			ok = get_varint(&p, mend, &ftag);
+			if (ok && (ftag & 7) == 0 && ((ftag >> 3) == 1 || (ftag >> 3) == 2 || (ftag >> 3) == 4)) {
+				ok = get_varint(&p, mend, &val);
+				if ((ftag >> 3) == 1)
+					t.start = (int64_t)(int32_t)val;
+				else if ((ftag >> 3) == 2)
+					t.end = (int64_t)(int32_t)val;
+				else
+					t.token = (int64_t)(int32_t)val;
+			} else if (ok) {
+				ok = skip_field(&p, mend, (unsigned)(ftag & 7));
+			}
+		}
+		if (!ok)
+			break;
+		if (*n == cap) {
+			struct scan_tok *nv = realloc(v, sizeof(*v) * (cap = cap ? cap * 2 : 32));
+			if (!(ok = nv != NULL))
+				break;
+			v = nv;
+		}
+		v[(*n)++] = t;
+	}
+	pg_query_free_scan_result(sr);
+	if (!ok || !v) {
+		free(v);
+		*n = 0;
+		return ok ? calloc(1, sizeof(*v)) : NULL;	/* no token at all: an empty array */
+	}
+	return v;
+}
 
 void or_norm_free(struct or_norm *n)
 {
@@ -108,42 +217,34 @@ static bool push_lit(struct or_norm *n, char *val, const char *tok, size_t len)
 
 bool or_normalize(const char *sql, struct or_norm *out)
 {
-	PgQueryScanResult sr;
-	PgQuery__ScanResult *scan;
-	size_t len = strlen(sql), cap, o = 0, from = 0;
+	struct scan_tok *tokens;
+	size_t len = strlen(sql), cap, o = 0, from = 0, ntokens;
 	bool ok = true;
 
 	memset(out, 0, sizeof(*out));
 	if (strchr(sql, TPL_MARK) || strchr(sql, TPL_END) || (!strchr(sql, '\'') && !strpbrk(sql, "0123456789")))
 		return false;
-	sr = pg_query_scan(sql);
-	if (sr.error) {
-		pg_query_free_scan_result(sr);
-		return false;
-	}
-	scan = pg_query__scan_result__unpack(NULL, sr.pbuf.len, (const uint8_t *)sr.pbuf.data);
-	pg_query_free_scan_result(sr);
-	if (!scan)
+	if (!(tokens = scan_tokens(sql, &ntokens)))
 		return false;
 	cap = len + 16;
 	out->text = malloc(cap);
 	if (!out->text)
 		ok = false;
-	for (size_t i = 0; ok && i < scan->n_tokens; i++) {
-		const PgQuery__ScanToken *t = scan->tokens[i];
+	for (size_t i = 0; ok && i < ntokens; i++) {
+		const struct scan_tok *t = &tokens[i];
 		size_t s = (size_t)t->start, e = (size_t)t->end;
 		char *val = NULL, ph[16];
-		int tok = t->token;
+		int64_t tok = t->token;
 
 		if (tok == PG_QUERY__TOKEN__PARAM) {
 			ok = false;	/* parameters of its own: the placeholders would mix */
 			break;
 		}
-		if (e > len || s > e || s < from)
+		if (t->start < 0 || t->end < 0 || e > len || s > e || s < from)
 			ok = false;
 		else if (tok == PG_QUERY__TOKEN__ICONST &&
-			 !(i > 0 && (scan->tokens[i - 1]->token == PG_QUERY__TOKEN__ASCII_45 ||
-				     scan->tokens[i - 1]->token == PG_QUERY__TOKEN__ASCII_43)))
+			 !(i > 0 && (tokens[i - 1].token == PG_QUERY__TOKEN__ASCII_45 ||
+				     tokens[i - 1].token == PG_QUERY__TOKEN__ASCII_43)))
 			val = integer_value(sql + s, e - s);
 		else if (tok == PG_QUERY__TOKEN__SCONST)
 			val = string_value(sql + s, e - s);
@@ -170,7 +271,7 @@ bool or_normalize(const char *sql, struct or_norm *out)
 		o += strlen(ph);
 		from = e;
 	}
-	pg_query__scan_result__free_unpacked(scan, NULL);
+	free(tokens);
 	if (ok && out->n > 0) {
 		char *nt = realloc(out->text, o + (len - from) + 1);
 		if (nt) {
@@ -186,36 +287,28 @@ bool or_normalize(const char *sql, struct or_norm *out)
 
 char *or_template_encode(const char *sql, int nlits)
 {
-	PgQueryScanResult sr;
-	PgQuery__ScanResult *scan;
-	size_t len = strlen(sql), o = 0, from = 0;
+	struct scan_tok *tokens;
+	size_t len = strlen(sql), o = 0, from = 0, ntokens;
 	char *out = NULL, *seen = NULL;
 	bool ok = true;
 
 	if (strchr(sql, TPL_MARK) || strchr(sql, TPL_END))
 		return NULL;
-	sr = pg_query_scan(sql);
-	if (sr.error) {
-		pg_query_free_scan_result(sr);
-		return NULL;
-	}
-	scan = pg_query__scan_result__unpack(NULL, sr.pbuf.len, (const uint8_t *)sr.pbuf.data);
-	pg_query_free_scan_result(sr);
-	if (!scan)
+	if (!(tokens = scan_tokens(sql, &ntokens)))
 		return NULL;
 	out = malloc(len + 1 + 8 * (size_t)nlits);	/* "$k" becomes \x01 k \x02: 1 byte more each */
 	seen = calloc((size_t)nlits + 1, 1);
 	if (!out || !seen)
 		ok = false;
-	for (size_t i = 0; ok && i < scan->n_tokens; i++) {
-		const PgQuery__ScanToken *t = scan->tokens[i];
+	for (size_t i = 0; ok && i < ntokens; i++) {
+		const struct scan_tok *t = &tokens[i];
 		size_t s = (size_t)t->start, e = (size_t)t->end;
 		long k;
 		char *end;
 
 		if (t->token != PG_QUERY__TOKEN__PARAM)
 			continue;
-		if (e > len || s < from || e - s < 2 || sql[s] != '$') {
+		if (t->start < 0 || t->end < 0 || e > len || s < from || s > e || e - s < 2 || sql[s] != '$') {
 			ok = false;
 			break;
 		}
@@ -230,7 +323,7 @@ char *or_template_encode(const char *sql, int nlits)
 		o += (size_t)sprintf(out + o, "%c%ld%c", TPL_MARK, k, TPL_END);
 		from = e;
 	}
-	pg_query__scan_result__free_unpacked(scan, NULL);
+	free(tokens);
 	for (int k = 1; ok && k <= nlits; k++)
 		if (!seen[k])
 			ok = false;

@@ -109,6 +109,7 @@ struct plog;
 /* A leaf-rewrite template of a normalized text (see tpl_get). */
 struct tpl_slot {
 	uint64_t h, sp_key, key;
+	uint64_t used;			/* tpl_clock when last used: the older of a set is replaced */
 	char *norm;			/* NULL: free */
 	char org[OR_ORG_MAX + 1];
 	char *tpl;			/* NULL: not rewritable */
@@ -129,8 +130,9 @@ struct orr {
 	bool warned_not_ready;
 	bool subscribed;		/* on_change of meta_cache registered */
 	uint64_t gen;			/* catalog changes seen by on_change */
-	struct tpl_slot *tpls;		/* leaf-rewrite templates of normalized texts (direct-mapped) */
+	struct tpl_slot *tpls;		/* leaf-rewrite templates of normalized texts (sets of 2) */
 	size_t ntpls;
+	uint64_t tpl_clock;
 	struct orc *paused;		/* clients holding a statement of a paused organization */
 	lk_timer *release;		/* a pass over `paused` is due (after a catalog change) */
 	uint64_t n[N_COUNT];
@@ -892,7 +894,10 @@ static bool any_leaf(struct orr *g, const struct or_analysis *a, const char *org
 
 /*
  * Leaf-rewrite templates of normalized texts, one per (text, search path,
- * organization), direct-mapped (a collision replaces the older one). The
+ * organization), in sets of 2 slots (a third one replaces the one of the set
+ * used least recently: with one slot per hash, two organizations whose keys
+ * collide would each replace the other's template, a parse and a deparse
+ * per statement, some 1.5 million instructions each). The
  * memo of a parse-cache entry keeps only OR_MEMO_SLOTS organizations, and
  * one normalized text serves every organization.
  */
@@ -907,38 +912,54 @@ static void tpls_free(struct orr *g)
 	g->ntpls = 0;
 }
 
-static struct tpl_slot *tpl_slot(struct orr *g, const char *norm, uint64_t sp_key, const char *org, uint64_t *h)
+#define TPL_WAYS 2
+
+/* The set of (norm, sp_key, org): TPL_WAYS slots. */
+static struct tpl_slot *tpl_set(struct orr *g, const char *norm, uint64_t sp_key, const char *org, uint64_t *h)
 {
-	if (!g->ntpls)
+	if (g->ntpls < TPL_WAYS)
 		return NULL;
 	*h = or_hash(org, strlen(org), or_hash(norm, strlen(norm), sp_key));
-	return &g->tpls[*h % g->ntpls];
+	return &g->tpls[(*h % (g->ntpls / TPL_WAYS)) * TPL_WAYS];
 }
 
 /* true and *tpl (NULL: not rewritable) when known. */
 static bool tpl_get(struct orr *g, const char *norm, uint64_t sp_key, uint64_t key, const char *org, const char **tpl)
 {
 	uint64_t h;
-	struct tpl_slot *t = tpl_slot(g, norm, sp_key, org, &h);
+	struct tpl_slot *set = tpl_set(g, norm, sp_key, org, &h);
 
-	if (!t || !t->norm || t->h != h || t->sp_key != sp_key || t->key != key || strcmp(t->org, org) != 0 ||
-	    strcmp(t->norm, norm) != 0)
-		return false;
-	*tpl = t->tpl;
-	return true;
+	for (int i = 0; set && i < TPL_WAYS; i++) {
+		struct tpl_slot *t = &set[i];
+		if (!t->norm || t->h != h || t->sp_key != sp_key || t->key != key || strcmp(t->org, org) != 0 ||
+		    strcmp(t->norm, norm) != 0)
+			continue;
+		t->used = ++g->tpl_clock;
+		*tpl = t->tpl;
+		return true;
+	}
+	return false;
 }
 
 /* Remember a template (taken over; may be NULL). */
 static void tpl_put(struct orr *g, const char *norm, uint64_t sp_key, uint64_t key, const char *org, char *tpl)
 {
 	uint64_t h;
-	struct tpl_slot *t = tpl_slot(g, norm, sp_key, org, &h);
+	struct tpl_slot *set = tpl_set(g, norm, sp_key, org, &h), *t;
 	char *n;
 
-	if (!t || strlen(org) > OR_ORG_MAX || !(n = strdup(norm))) {
+	if (!set || strlen(org) > OR_ORG_MAX || !(n = strdup(norm))) {
 		free(tpl);
 		return;
 	}
+	t = &set[0];
+	for (int i = 1; i < TPL_WAYS && t->norm; i++)
+		if (!set[i].norm || set[i].used < t->used)
+			t = &set[i];
+	for (int i = 0; i < TPL_WAYS; i++)	/* the same one for another catalog: replaced */
+		if (set[i].norm && set[i].h == h && set[i].sp_key == sp_key && strcmp(set[i].org, org) == 0 &&
+		    strcmp(set[i].norm, norm) == 0)
+			t = &set[i];
 	free(t->norm);
 	free(t->tpl);
 	t->norm = n;
@@ -946,6 +967,7 @@ static void tpl_put(struct orr *g, const char *norm, uint64_t sp_key, uint64_t k
 	t->h = h;
 	t->sp_key = sp_key;
 	t->key = key;
+	t->used = ++g->tpl_clock;
 	snprintf(t->org, sizeof(t->org), "%s", org);
 }
 
