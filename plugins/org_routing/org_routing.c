@@ -170,6 +170,7 @@ struct orc {
 	uint64_t sp_key;
 	char *cur;			/* lokadb.org the client's server has ("" = none) */
 	bool cur_valid;
+	bool inline_req;		/* the message asked for its values in front (query_vars_inline) */
 	bool sticky;			/* keeps its server between transactions */
 	bool routed;			/* a ROUTE since its last TXN_END */
 	bool changed_in_block;		/* lokadb.org changed inside a block: may revert */
@@ -743,6 +744,13 @@ static void vars_done(lk_plugin *self, lk_client *c, int outcome, unsigned sent,
 				x->pcm_in_block = true;
 			g->n[N_PLAN_MODE]++;
 		}
+		if (x->inline_req && !api->client_in_transaction(c)) {
+			/* in front of the statement, outside a block: if the statement
+			 * fails they are rolled back with it. The core records them
+			 * only if it succeeds: let it decide next time. */
+			x->cur_valid = false;
+			x->pcm_known = false;
+		}
 	} else if (outcome == LK_VARS_KNOWN) {
 		g->n[N_PREFIXES_KNOWN]++;
 		if (g->force_custom)
@@ -1283,6 +1291,7 @@ static int route_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 	struct decision d = { .src = SRC_NONE, .rewrite = "no", .prefix = "-" };
 	char type = api->query_type(ev);
 
+	x->inline_req = false;
 	decide_org(ev, x, a, &d);
 	if (d.refusal) {
 		const struct or_ref *r = d.refused_ref;
@@ -1322,8 +1331,8 @@ static int route_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 		g->n[N_ROUTED]++;
 		g->n[d.src == SRC_STATEMENT ? N_ORG_STATEMENT : d.src == SRC_SESSION ? N_ORG_SESSION : N_ORG_NONE]++;
 		maybe_rewrite(g, ev, x, a, &d);
-		if (type == 'Q' && inline_ok(a) && LK_API_HAS(api, query_vars_inline))
-			api->query_vars_inline(ev);	/* the SETs go in front of it, one Query */
+		x->inline_req = type == 'Q' && inline_ok(a) && LK_API_HAS(api, query_vars_inline) &&
+				api->query_vars_inline(ev) == 0;	/* the SETs go in front of it, one Query */
 		if (!d.after_set)
 			ensure_org(g, ev, c, x, &d);
 		route_log(g, ev, &d, source_names[d.src]);

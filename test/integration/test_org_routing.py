@@ -1367,3 +1367,18 @@ def test_statements_that_refuse_a_block_get_the_values_in_a_query_of_their_own(r
     assert res.tags == ["SELECT 1", "SELECT 1"] and res.error is None
     ran = [t for t in executed(app, log0, needle="") if "organization_id = 1" in t or "lokadb.org" in t]
     assert ran == ["SET lokadb.org = '1'", two], ran
+
+
+def test_a_failed_statement_with_values_in_front_leaves_no_belief_in_session_pooling(router, app):
+    """Session pooling (the plugin trusts what it last set on the client's
+    own server): a statement that fails takes its SETs with it, so the next
+    statement of that organization still gets them."""
+    b = router(settings={"pool_mode": "session", "default_pool_size": 1})
+    w = b.login("app", USER)
+    for _ in range(2):
+        assert org_of(w, _org_query(3)) == "3"
+    bad = "SELECT count(*) FROM documents WHERE organization_id = 1 AND id = 'x'::int"
+    assert w.query(bad, raise_error=False).error.fields["C"] == "22P02"
+    assert org_of(w, _org_query(1)) == "1"
+    assert org_of(w, _org_query(1)) == "1"
+    assert w.query(f"SELECT {SETTING}").rows == [["1"]]
