@@ -17,6 +17,7 @@
  * were) becomes a template: its $k are found with the scanner again and
  * marked, and or_template_fill() puts the message's own literal texts back.
  */
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -215,8 +216,156 @@ static bool push_lit(struct or_norm *n, char *val, const char *tok, size_t len)
 	return true;
 }
 
+/*
+ * Shapes: the scanner (pg_query_scan, some 45,000 instructions for the
+ * benchmark's read statement, more than all the rest of a routed message)
+ * is run once per shape of text, not once per message. A shape is a
+ * normalized text as the scanner made it, with where its placeholders are
+ * and what each one replaced (an integer or a '...' string). A later text
+ * of the same shape is the normalized text with other literals of the same
+ * kinds in those places: every byte outside them equal, an integer where an
+ * integer was (a maximal run of digits, below 2^31), a plain string where a
+ * string was (no backslash, quotes doubled). The lexer then reads it exactly
+ * as it read the first: it is in the same state at each literal (same
+ * bytes before it), reads a literal of the same kind, and what follows the
+ * literal is the same bytes as before, which decided where the literal
+ * ended (a digit run followed by the same character, a string closed by a
+ * quote followed by the same characters, so neither a decimal point nor a
+ * continuation). Anything else, and any text not seen in a shape, is
+ * scanned. Shapes are found by a hash of the text with digit runs and
+ * string contents left out (equal for texts of one shape; a collision is
+ * only a shape that does not match, then a scan).
+ */
+#define SHAPES 1024
+
+struct shape {
+	uint64_t key;			/* skeleton() of the texts */
+	char *norm;			/* the normalized text; NULL: free */
+	int n;
+	uint32_t *off;			/* where "$k" (k = i + 1) starts in norm */
+	char *kind;			/* 'i': an integer, 's': a string */
+};
+
+static struct shape *shapes;
+
+void or_shapes_free(void)
+{
+	for (int i = 0; shapes && i < SHAPES; i++) {
+		free(shapes[i].norm);
+		free(shapes[i].off);
+		free(shapes[i].kind);
+	}
+	free(shapes);
+	shapes = NULL;
+}
+
+static uint64_t skeleton(const char *s)
+{
+	uint64_t h = 1469598103934665603ull;
+	bool q = false;
+
+	for (; *s; s++) {
+		unsigned char c = (unsigned char)*s;
+		if (c == '\'' && q && s[1] == '\'') {
+			s++;		/* a doubled quote: string content */
+			continue;
+		}
+		if (c == '\'')
+			q = !q;
+		else if (q)
+			continue;
+		else if (isdigit(c)) {
+			while (isdigit((unsigned char)s[1]))
+				s++;
+			c = '#';
+		}
+		h = (h ^ c) * 1099511628211ull;
+	}
+	return h;
+}
+
+/* A text of shape sh: *out as or_normalize() would make it. */
+static bool shape_match(const struct shape *sh, const char *sql, struct or_norm *out)
+{
+	const char *p = sql;
+	size_t prev = 0;
+
+	for (int i = 0; i < sh->n; i++) {
+		size_t seg = sh->off[i] - prev;
+		const char *s;
+		char *val;
+		if (strncmp(p, sh->norm + prev, seg) != 0)
+			return false;
+		p += seg;
+		s = p;
+		if (sh->kind[i] == 'i') {
+			while (isdigit((unsigned char)*p))
+				p++;
+			if (p == s)
+				return false;
+			val = integer_value(s, (size_t)(p - s));
+		} else {
+			if (*p++ != '\'')
+				return false;
+			for (;;) {
+				if (!*p || *p == '\\' || *p == TPL_MARK || *p == TPL_END)
+					return false;
+				if (*p++ != '\'')
+					continue;
+				if (*p != '\'')
+					break;
+				p++;	/* '' */
+			}
+			val = string_value(s, (size_t)(p - s));
+		}
+		if (!val)
+			return false;
+		if (!push_lit(out, val, s, (size_t)(p - s))) {
+			free(val);
+			return false;
+		}
+		prev = sh->off[i] + (size_t)snprintf(NULL, 0, "$%d", i + 1);	/* (not up to the next non-digit:
+								 * a literal left as written may follow) */
+	}
+	if (strcmp(p, sh->norm + prev) != 0 || !(out->text = strdup(sh->norm)))
+		return false;
+	return true;
+}
+
+/* Remember the shape of a text the scanner normalized. */
+static void shape_put(uint64_t key, const struct or_norm *n, const uint32_t *off, const char *kind)
+{
+	struct shape *sh;
+
+	if (!shapes && !(shapes = calloc(SHAPES, sizeof(*shapes))))
+		return;
+	sh = &shapes[key % SHAPES];
+	free(sh->norm);
+	free(sh->off);
+	free(sh->kind);
+	memset(sh, 0, sizeof(*sh));
+	sh->off = malloc(sizeof(*off) * (size_t)n->n);
+	sh->kind = malloc((size_t)n->n);
+	sh->norm = strdup(n->text);
+	if (!sh->off || !sh->kind || !sh->norm) {
+		free(sh->norm);
+		free(sh->off);
+		free(sh->kind);
+		memset(sh, 0, sizeof(*sh));
+		return;
+	}
+	memcpy(sh->off, off, sizeof(*off) * (size_t)n->n);
+	memcpy(sh->kind, kind, (size_t)n->n);
+	sh->n = n->n;
+	sh->key = key;
+}
+
 bool or_normalize(const char *sql, struct or_norm *out)
 {
+	uint64_t key;
+	uint32_t *off = NULL;
+	char *kind = NULL;
+
 	struct scan_tok *tokens;
 	size_t len = strlen(sql), cap, o = 0, from = 0, ntokens;
 	bool ok = true;
@@ -224,6 +373,12 @@ bool or_normalize(const char *sql, struct or_norm *out)
 	memset(out, 0, sizeof(*out));
 	if (strchr(sql, TPL_MARK) || strchr(sql, TPL_END) || (!strchr(sql, '\'') && !strpbrk(sql, "0123456789")))
 		return false;
+	key = skeleton(sql);
+	if (shapes && shapes[key % SHAPES].norm && shapes[key % SHAPES].key == key) {
+		if (shape_match(&shapes[key % SHAPES], sql, out))
+			return true;
+		or_norm_free(out);
+	}
 	if (!(tokens = scan_tokens(sql, &ntokens)))
 		return false;
 	cap = len + 16;
@@ -255,6 +410,20 @@ bool or_normalize(const char *sql, struct or_norm *out)
 			ok = false;
 			break;
 		}
+		if (!(out->n & (out->n - 1))) {		/* 1, 2, 4, ...: room for twice as many */
+			uint32_t *no = realloc(off, sizeof(*off) * 2 * (size_t)out->n);
+			char *nk = realloc(kind, 2 * (size_t)out->n);
+			if (no)
+				off = no;
+			if (nk)
+				kind = nk;
+			if (!no || !nk) {
+				ok = false;
+				break;
+			}
+		}
+		off[out->n - 1] = (uint32_t)(o + (s - from));
+		kind[out->n - 1] = tok == PG_QUERY__TOKEN__ICONST ? 'i' : 's';
 		snprintf(ph, sizeof(ph), "$%d", out->n);
 		if (o + (s - from) + strlen(ph) + 1 > cap) {
 			char *nt;
@@ -278,9 +447,14 @@ bool or_normalize(const char *sql, struct or_norm *out)
 			out->text = nt;
 			memcpy(out->text + o, sql + from, len - from);
 			out->text[o + (len - from)] = 0;
+			shape_put(key, out, off, kind);
+			free(off);
+			free(kind);
 			return true;
 		}
 	}
+	free(off);
+	free(kind);
 	or_norm_free(out);
 	return false;
 }

@@ -1967,6 +1967,7 @@ static void or_fini(lk_plugin *self)
 	or_cache_free(g->cache);
 	tpls_free(g);
 	free(g->words);
+	or_shapes_free();
 	free(g->databases);
 	free(g);
 }
