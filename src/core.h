@@ -501,6 +501,7 @@ void plugin_query_send_vars(struct client *c, struct lk_event *ev);
 void plugin_tvars_hidden_sent(struct server *s);
 void plugin_tvars_hidden_error(struct server *s);
 void plugin_tvars_hidden_rfq(struct server *s, char status);
+void plugin_tvars_inline_rfq(struct server *s, char status, bool failed);
 enum lk_hook plugin_event_hook(const struct lk_event *ev);
 void plugin_query_answer(struct client *c, struct lk_event *ev, char status);
 void plugin_note_parse(struct client *c, const char *name, const char *sql);

@@ -91,6 +91,9 @@ struct lk_event {
 	int n_vars;
 	struct { struct lk_plugin *pl; lk_vars_fn fn; void *arg; } on_vars[4];	/* query_on_vars */
 	int n_on_vars;
+	bool vars_inline;		/* Q: the values may go in front of the statement */
+	char *inline_sql;		/* ... and do: "SET a = 'x'; " (query_vars_inline) */
+	int inline_n;			/* SET statements in inline_sql */
 	char *route;
 	struct lk_result *res;
 };
@@ -270,6 +273,7 @@ void plugin_event_free(struct lk_event *ev)
 	free(ev->prefix);
 	free(ev->route);
 	free(ev->reparse);
+	free(ev->inline_sql);
 	for (int i = 0; i < ev->n_vars; i++) {
 		free(ev->var_name[i]);
 		free(ev->var_value[i]);
@@ -1428,13 +1432,15 @@ struct tv_val {
 /* What the pooler's own set_config prefixes gave a server's session. */
 struct tvars {
 	uint32_t sent, done;		/* hidden queries sent to / answered by the server */
+	uint32_t isent, idone;		/* client Queries with values in front, sent / answered */
 	bool err;			/* the hidden query being answered failed */
 	bool ours;			/* server_send_hidden is sending our prefix */
 	int n;
 	struct tv_val v[TV_MAX];	/* known: ran outside a block, without error */
 	int np;
 	struct {
-		uint32_t seq;		/* the hidden query's number (tvars.sent after it) */
+		uint32_t seq;		/* the hidden query's number (tvars.sent after it), or */
+		bool inl;		/* the client Query's (tvars.isent after it) */
 		int n;
 		struct tv_val v[TV_MAX];
 	} p[TV_PEND];			/* sent, not answered yet, oldest first */
@@ -1509,6 +1515,8 @@ void plugin_tvars_hidden_error(struct server *s)
 		s->tvars->err = true;
 }
 
+static void tv_answered(struct tvars *t, bool inl, uint32_t seq, bool ok);
+
 /* The ReadyForQuery of a hidden query: a prefix of ours that ran outside a
  * block (status I) without error is known from now on. */
 void plugin_tvars_hidden_rfq(struct server *s, char status)
@@ -1518,10 +1526,28 @@ void plugin_tvars_hidden_rfq(struct server *s, char status)
 	if (!t)
 		return;
 	t->done++;
-	while (t->np && t->p[0].seq < t->done)
+	tv_answered(t, false, t->done, status == 'I' && !t->err);
+	t->err = false;
+}
+
+/* The ReadyForQuery of a client Query that carried values in front of it. */
+void plugin_tvars_inline_rfq(struct server *s, char status, bool failed)
+{
+	struct tvars *t = s->tvars;
+
+	if (!t)
+		return;
+	t->idone++;
+	tv_answered(t, true, t->idone, status == 'I' && !failed);
+}
+
+/* The query numbered seq (of its kind) was answered: its values are known if ok. */
+static void tv_answered(struct tvars *t, bool inl, uint32_t seq, bool ok)
+{
+	while (t->np && t->p[0].inl == inl && t->p[0].seq < seq)
 		tv_pop(t);	/* an answer was lost (cannot happen): never trust it */
-	if (t->np && t->p[0].seq == t->done) {
-		for (int i = 0; status == 'I' && !t->err && i < t->p[0].n; i++) {
+	if (t->np && t->p[0].inl == inl && t->p[0].seq == seq) {
+		for (int i = 0; ok && i < t->p[0].n; i++) {
 			struct tv_val *pv = &t->p[0].v[i];
 			int k = tv_find(t->v, t->n, pv->name);
 			if (k < 0 && t->n < TV_MAX) {
@@ -1538,7 +1564,6 @@ void plugin_tvars_hidden_rfq(struct server *s, char status)
 		}
 		tv_pop(t);
 	}
-	t->err = false;
 }
 
 static bool tv_text_ok(const char *v, size_t max)
@@ -1604,10 +1629,62 @@ static void put_literal(char *buf, size_t cap, size_t *o, const char *text)
 	buf[*o] = 0;
 }
 
+static int api_query_vars_inline(lk_event *ev)
+{
+	if (ev->hook != LK_HOOK_QUERY || ev->qtype != 'Q')
+		return -1;
+	ev->vars_inline = true;
+	return 0;
+}
+
+/* A GUC name SET takes as written: identifier, or two joined by a dot. */
+static bool tv_set_name(const char *n)
+{
+	int parts = 0;
+
+	for (;;) {
+		if (!(islower((unsigned char)*n) || *n == '_'))
+			return false;
+		while (islower((unsigned char)*n) || isdigit((unsigned char)*n) || *n == '_')
+			n++;
+		if (++parts > 2)
+			return false;
+		if (!*n)
+			return true;
+		if (*n++ != '.')
+			return false;
+	}
+}
+
+static bool tv_ascii(const char *v)
+{
+	for (; *v; v++)
+		if ((unsigned char)*v > 0x7e)
+			return false;
+	return true;
+}
+
+/* A value sent again: what was known or in flight for it no longer holds. */
+static void tv_superseded(struct tvars *t, const char *name)
+{
+	int k = 0;
+
+	tv_remove(t->v, &t->n, name);
+	for (int j = 0; j < t->np; j++) {
+		tv_remove(t->p[j].v, &t->p[j].n, name);
+		if (t->p[j].n)		/* an entry left with nothing to record goes */
+			t->p[k++] = t->p[j];
+	}
+	t->np = k;
+}
+
 /*
  * The client has its server now: send the query_set_var values that server
- * is not known to have, in one hidden set_config Query, and tell the
- * plugins what was done.
+ * is not known to have, in one hidden Query (`SET a = 'x'; SET b = 'y'`, or
+ * set_config() for names SET cannot take as written) or, for a Query whose
+ * plugin allowed it (query_vars_inline), in front of the message itself
+ * (ev->inline_sql, see plugin_query_build); and tell the plugins what was
+ * done.
  */
 void plugin_query_send_vars(struct client *c, struct lk_event *ev)
 {
@@ -1624,36 +1701,66 @@ void plugin_query_send_vars(struct client *c, struct lk_event *ev)
 	for (int i = 0; i < ev->n_vars; i++) {
 		int k;
 		if (!ev->var_value[i]) {	/* the message changes it: forget, also in flight */
-			tv_remove(t->v, &t->n, ev->var_name[i]);
-			for (int j = 0; j < t->np; j++)
-				tv_remove(t->p[j].v, &t->p[j].n, ev->var_name[i]);
+			tv_superseded(t, ev->var_name[i]);
 			continue;
 		}
 		k = tv_find(t->v, t->n, ev->var_name[i]);
 		if (k < 0 || strcmp(t->v[k].value, ev->var_value[i]) != 0)
 			want |= 1u << i;
 	}
-	if (want && (s->ext_open || plugin_query_binds_unnamed(ev))) {
+	if (want && ev->qtype == 'Q' && ev->vars_inline) {
+		/* in front of the Query itself: fine also after an open batch (the Query ends it) */
+	} else if (want && (s->ext_open || plugin_query_binds_unnamed(ev))) {
 		outcome = LK_VARS_SKIPPED;	/* a simple Query would end the batch */
 		want = 0;
-	} else if (want) {
+	}
+	if (want) {
 		char sql[TV_MAX * 360 + 16];
-		size_t o = (size_t)snprintf(sql, sizeof(sql), "SELECT ");
-		int np = t->np < TV_PEND ? t->np : -1;
+		bool set_form = true, inl = ev->qtype == 'Q' && ev->vars_inline;
+		size_t o = 0;
+		int np;
 		for (int i = 0; i < ev->n_vars; i++) {
 			if (!(want & (1u << i)))
 				continue;
-			o += (size_t)snprintf(sql + o, sizeof(sql) - o, "%sset_config(", o > 7 ? ", " : "");
-			put_literal(sql, sizeof(sql), &o, ev->var_name[i]);
-			o += (size_t)snprintf(sql + o, sizeof(sql) - o, ", ");
-			put_literal(sql, sizeof(sql), &o, ev->var_value[i]);
-			o += (size_t)snprintf(sql + o, sizeof(sql) - o, ", false)");
+			if (!tv_set_name(ev->var_name[i]))
+				set_form = inl = false;
+			if (!tv_ascii(ev->var_value[i]))
+				inl = false;
 		}
-		t->ours = true;
-		server_send_hidden(s, sql);
-		t->ours = false;
+		if (!set_form)
+			o = (size_t)snprintf(sql, sizeof(sql), "SELECT ");
+		sql[o] = 0;
+		for (int i = 0; i < ev->n_vars; i++) {
+			if (!(want & (1u << i)))
+				continue;
+			if (set_form) {
+				o += (size_t)snprintf(sql + o, sizeof(sql) - o, "%sSET %s = ", o && !inl ? "; " : "",
+						      ev->var_name[i]);
+				put_literal(sql, sizeof(sql), &o, ev->var_value[i]);
+				if (inl)
+					o += (size_t)snprintf(sql + o, sizeof(sql) - o, "; ");
+			} else {
+				o += (size_t)snprintf(sql + o, sizeof(sql) - o, "%sset_config(", o > 7 ? ", " : "");
+				put_literal(sql, sizeof(sql), &o, ev->var_name[i]);
+				o += (size_t)snprintf(sql + o, sizeof(sql) - o, ", ");
+				put_literal(sql, sizeof(sql), &o, ev->var_value[i]);
+				o += (size_t)snprintf(sql + o, sizeof(sql) - o, ", false)");
+			}
+			tv_superseded(t, ev->var_name[i]);
+		}
+		np = t->np < TV_PEND ? t->np : -1;
+		if (inl) {
+			set_str(&ev->inline_sql, sql);
+			ev->inline_n = __builtin_popcount(want);
+			t->isent++;
+		} else {
+			t->ours = true;
+			server_send_hidden(s, sql);
+			t->ours = false;
+		}
 		if (np >= 0) {		/* remembered when it is answered (else: not tracked) */
-			t->p[np].seq = t->sent;
+			t->p[np].seq = inl ? t->isent : t->sent;
+			t->p[np].inl = inl;
 			t->p[np].n = 0;
 			for (int i = 0; i < ev->n_vars; i++) {
 				if (!(want & (1u << i)))
@@ -1795,7 +1902,24 @@ bool plugin_query_build(struct client *c, struct lk_event *ev, struct pktbuf *pb
 	bool changed = false;
 	switch (ev->qtype) {
 	case 'Q':
-		if (ev->new_sql) {
+		if (ev->inline_sql) {
+			/* the values in front (plugin_query_send_vars); the reply queue's
+			 * item of this Query (note_sent_to_server) hides their replies */
+			struct server *s = c->link;
+			struct rq_item *it = s && s->rq.count ? rq_at(&s->rq, s->rq.count - 1) : NULL;
+			const char *text = ev->new_sql ? ev->new_sql : ev->sql;
+			size_t n = strlen(ev->inline_sql);
+			pkt_begin(pb, 'Q');
+			pkt_put_bytes(pb, ev->inline_sql, n);
+			pkt_put_string(pb, text);
+			pkt_end(pb);
+			if (it && it->type == 'Q') {
+				it->hide_cc = (uint8_t)ev->inline_n;
+				it->vars = true;
+				it->shift = (uint32_t)n;	/* ASCII: characters = bytes */
+			}
+			changed = true;
+		} else if (ev->new_sql) {
 			pkt_query(pb, ev->new_sql);
 			changed = true;
 		}
@@ -2969,4 +3093,5 @@ static const struct lk_api api_table = {
 	.query_on_vars = api_query_on_vars,
 	.resolve = api_resolve,
 	.resolve_cancel = api_resolve_cancel,
+	.query_vars_inline = api_query_vars_inline,
 };

@@ -62,6 +62,11 @@ struct rq_item {
 	uint8_t undo;		/* enum rq_undo bits */
 	struct ps_entry *e;	/* a reference, or NULL */
 	char *name;		/* the client's statement name (owned), or NULL */
+	/* a client Query with query_set_var values in front (query_vars_inline) */
+	uint8_t hide_cc;	/* its leading CommandCompletes still to drop (the SETs') */
+	bool vars;		/* it carries values: its ReadyForQuery tells plugin.c */
+	bool vars_err;		/* it failed (the values were rolled back) */
+	uint32_t shift;		/* characters in front: an error's position moves back by it */
 };
 
 struct replyq {

@@ -631,13 +631,15 @@ static void handle_rfq(struct server *s, struct evbuffer *in, const uint8_t *hdr
 	struct rq_item *it;
 	char status = (char)hdr[5];
 	struct client *c = s->link;
-	bool client_rfq = false, hidden_rfq = false;
+	bool client_rfq = false, hidden_rfq = false, vars = false, vars_err = false;
 
 	s->fwd_hidden = true;
 	while ((it = rq_head(&s->rq))) {
 		if (owes_rfq(it->type)) {
 			client_rfq = it->act != RQ_HIDE;
 			hidden_rfq = !client_rfq;
+			vars = it->vars;
+			vars_err = it->vars_err;
 			s->fwd_hidden = !client_rfq;
 			rq_pop(&s->rq);
 			break;
@@ -646,6 +648,8 @@ static void handle_rfq(struct server *s, struct evbuffer *in, const uint8_t *hdr
 	}
 	if (client_rfq)
 		account_rfq(s, status);
+	if (vars)
+		plugin_tvars_inline_rfq(s, status, vars_err);
 	else if (hidden_rfq)
 		plugin_tvars_hidden_rfq(s, status);
 	s->txn_status = status;
@@ -715,6 +719,52 @@ static bool complete_head(struct server *s, struct evbuffer *in, const uint8_t *
 	return true;
 }
 
+/*
+ * An error of a client Query that had `shift` characters put in front of its
+ * text (query_vars_inline): the client gets it with the position (P) where
+ * it is in its own text. false: no position to move (forward it as is).
+ */
+static bool shift_error_position(struct server *s, struct evbuffer *in, const uint8_t *body, uint32_t len,
+				 uint32_t shift)
+{
+	const char *p = (const char *)body, *end = (const char *)body + len, *pos = NULL;
+	struct client *c = s->link;
+	struct pktbuf pb;
+	long v;
+
+	while (p < end && *p) {
+		size_t n = strnlen(p + 1, (size_t)(end - p - 1));
+		if (n == (size_t)(end - p - 1))
+			return false;
+		if (*p == 'P')
+			pos = p + 1;
+		p += n + 2;
+	}
+	if (!pos || (v = strtol(pos, NULL, 10)) <= (long)shift)
+		return false;	/* none, or in the SETs (cannot be: forwarded as is) */
+	pkt_init(&pb);
+	pkt_begin(&pb, 'E');
+	for (p = (const char *)body; p < end && *p; p += strlen(p + 1) + 2) {
+		pkt_put_byte(&pb, (uint8_t)*p);
+		if (p + 1 == pos) {
+			char num[24];
+			snprintf(num, sizeof(num), "%ld", v - (long)shift);
+			pkt_put_string(&pb, num);
+		} else {
+			pkt_put_string(&pb, p + 1);
+		}
+	}
+	pkt_put_byte(&pb, 0);
+	pkt_end(&pb);
+	evbuffer_drain(in, len + 5);
+	if (c && !c->closing) {
+		s->pool->stats.bytes_sent += pb.len;
+		pkt_send(&pb, bufferevent_get_output(c->bev));
+	}
+	pkt_free(&pb);
+	return true;
+}
+
 /* A message the pooler reads whole; returns false when it is not all here. */
 static bool inspect_message(struct server *s, struct evbuffer *in, const uint8_t *hdr, uint32_t len)
 {
@@ -742,6 +792,12 @@ static bool inspect_message(struct server *s, struct evbuffer *in, const uint8_t
 	} else if (type == 'E') {
 		struct rq_item *head = rq_head(&s->rq);
 		s->copy_in = false;	/* an error ends COPY IN */
+		if (head && head->type == 'Q' && head->vars) {
+			head->hide_cc = 0;	/* the Query stops here: no SET's reply comes after */
+			head->vars_err = true;
+			if (head->shift && shift_error_position(s, in, body, len - 4, head->shift))
+				return true;
+		}
 		/* after an extended-protocol message PostgreSQL skips the batch up to its
 		 * Sync; a client without one in flight has the rest of its batch dropped
 		 * up to the Sync it sends (not a message a plugin's hook holds: that
@@ -784,6 +840,10 @@ static bool server_message(struct server *s, struct evbuffer *in)
 	}
 	head = rq_head(&s->rq);
 	s->fwd_hidden = head && head->act == RQ_HIDE && head->type == 'Q';
+	if (type == 'C' && head && head->type == 'Q' && head->hide_cc) {
+		head->hide_cc--;	/* a SET put in front of the client's Query */
+		s->fwd_hidden = true;
+	}
 	switch (type) {
 	case 'Z':
 		if (len != 5) {

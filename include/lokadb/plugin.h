@@ -40,7 +40,7 @@ extern "C" {
 
 #define LK_PLUGIN_MAGIC 0x4c4b504cu	/* "LKPL" */
 #define LK_ABI_MAJOR 1
-#define LK_ABI_MINOR 6
+#define LK_ABI_MINOR 7
 #define LK_PLUGIN_SYMBOL "lokadb_plugin"
 
 /* Opaque handles. */
@@ -432,6 +432,21 @@ struct lk_api {
 	int (*resolve)(lk_plugin *self, const char *host, int port, lk_resolve_fn fn, void *arg);
 	/* Drop the answers still pending for arg: their fn is not called. */
 	void (*resolve_cancel)(lk_plugin *self, void *arg);
+
+	/* ---- ABI 1.7 ---- */
+	/* Q only: the message is one statement that may run in an implicit
+	 * transaction block (a SELECT, INSERT, UPDATE or DELETE; not VACUUM,
+	 * CREATE DATABASE, COMMIT ...). The query_set_var values its server
+	 * lacks then go in the same Query, in front of the statement
+	 * (`SET name = 'value'; ` ... then the client's text): one statement
+	 * less for PostgreSQL and one reply less for the pooler. The core hides
+	 * their CommandCompletes and moves the position of an error back by the
+	 * prefix's length, so the client sees what it would without them; if the
+	 * statement fails, the values are rolled back with it (the core then
+	 * does not take them as known). Names must be SQL identifiers
+	 * (`lokadb.org`) and values printable ASCII, else the values go in a
+	 * separate hidden Query as without this call. 0 or -1. */
+	int (*query_vars_inline)(lk_event *ev);
 };
 
 #ifdef __cplusplus

@@ -109,11 +109,21 @@ struct plog;
 /* A leaf-rewrite template of a normalized text (see tpl_get). */
 struct tpl_slot {
 	uint64_t h, sp_key, key;
+	uint64_t used;			/* tpl_clock when last used: the older of a set is replaced */
 	char *norm;			/* NULL: free */
 	char org[OR_ORG_MAX + 1];
 	char *tpl;			/* NULL: not rewritable */
 };
 
+
+/* A word the prefilter looked up along a search path (see word_is_table). */
+#define WORD_MEMO 1024
+struct word_memo {
+	uint64_t sp_key, key;		/* orc.sp_key (search path, user), cat_key() */
+	uint8_t len;			/* 0: free */
+	bool table;
+	char word[64];
+};
 
 /* The plugin's state (api->set_data). */
 struct orr {
@@ -129,8 +139,10 @@ struct orr {
 	bool warned_not_ready;
 	bool subscribed;		/* on_change of meta_cache registered */
 	uint64_t gen;			/* catalog changes seen by on_change */
-	struct tpl_slot *tpls;		/* leaf-rewrite templates of normalized texts (direct-mapped) */
+	struct word_memo *words;	/* the prefilter's table_search answers (WORD_MEMO slots) */
+	struct tpl_slot *tpls;		/* leaf-rewrite templates of normalized texts (sets of 2) */
 	size_t ntpls;
+	uint64_t tpl_clock;
 	struct orc *paused;		/* clients holding a statement of a paused organization */
 	lk_timer *release;		/* a pass over `paused` is due (after a catalog change) */
 	uint64_t n[N_COUNT];
@@ -158,6 +170,7 @@ struct orc {
 	uint64_t sp_key;
 	char *cur;			/* lokadb.org the client's server has ("" = none) */
 	bool cur_valid;
+	bool inline_req;		/* the message asked for its values in front (query_vars_inline) */
 	bool sticky;			/* keeps its server between transactions */
 	bool routed;			/* a ROUTE since its last TXN_END */
 	bool changed_in_block;		/* lokadb.org changed inside a block: may revert */
@@ -731,6 +744,13 @@ static void vars_done(lk_plugin *self, lk_client *c, int outcome, unsigned sent,
 				x->pcm_in_block = true;
 			g->n[N_PLAN_MODE]++;
 		}
+		if (x->inline_req && !api->client_in_transaction(c)) {
+			/* in front of the statement, outside a block: if the statement
+			 * fails they are rolled back with it. The core records them
+			 * only if it succeeds: let it decide next time. */
+			x->cur_valid = false;
+			x->pcm_known = false;
+		}
 	} else if (outcome == LK_VARS_KNOWN) {
 		g->n[N_PREFIXES_KNOWN]++;
 		if (g->force_custom)
@@ -892,7 +912,10 @@ static bool any_leaf(struct orr *g, const struct or_analysis *a, const char *org
 
 /*
  * Leaf-rewrite templates of normalized texts, one per (text, search path,
- * organization), direct-mapped (a collision replaces the older one). The
+ * organization), in sets of 2 slots (a third one replaces the one of the set
+ * used least recently: with one slot per hash, two organizations whose keys
+ * collide would each replace the other's template, a parse and a deparse
+ * per statement, some 1.5 million instructions each). The
  * memo of a parse-cache entry keeps only OR_MEMO_SLOTS organizations, and
  * one normalized text serves every organization.
  */
@@ -907,38 +930,54 @@ static void tpls_free(struct orr *g)
 	g->ntpls = 0;
 }
 
-static struct tpl_slot *tpl_slot(struct orr *g, const char *norm, uint64_t sp_key, const char *org, uint64_t *h)
+#define TPL_WAYS 2
+
+/* The set of (norm, sp_key, org): TPL_WAYS slots. */
+static struct tpl_slot *tpl_set(struct orr *g, const char *norm, uint64_t sp_key, const char *org, uint64_t *h)
 {
-	if (!g->ntpls)
+	if (g->ntpls < TPL_WAYS)
 		return NULL;
 	*h = or_hash(org, strlen(org), or_hash(norm, strlen(norm), sp_key));
-	return &g->tpls[*h % g->ntpls];
+	return &g->tpls[(*h % (g->ntpls / TPL_WAYS)) * TPL_WAYS];
 }
 
 /* true and *tpl (NULL: not rewritable) when known. */
 static bool tpl_get(struct orr *g, const char *norm, uint64_t sp_key, uint64_t key, const char *org, const char **tpl)
 {
 	uint64_t h;
-	struct tpl_slot *t = tpl_slot(g, norm, sp_key, org, &h);
+	struct tpl_slot *set = tpl_set(g, norm, sp_key, org, &h);
 
-	if (!t || !t->norm || t->h != h || t->sp_key != sp_key || t->key != key || strcmp(t->org, org) != 0 ||
-	    strcmp(t->norm, norm) != 0)
-		return false;
-	*tpl = t->tpl;
-	return true;
+	for (int i = 0; set && i < TPL_WAYS; i++) {
+		struct tpl_slot *t = &set[i];
+		if (!t->norm || t->h != h || t->sp_key != sp_key || t->key != key || strcmp(t->org, org) != 0 ||
+		    strcmp(t->norm, norm) != 0)
+			continue;
+		t->used = ++g->tpl_clock;
+		*tpl = t->tpl;
+		return true;
+	}
+	return false;
 }
 
 /* Remember a template (taken over; may be NULL). */
 static void tpl_put(struct orr *g, const char *norm, uint64_t sp_key, uint64_t key, const char *org, char *tpl)
 {
 	uint64_t h;
-	struct tpl_slot *t = tpl_slot(g, norm, sp_key, org, &h);
+	struct tpl_slot *set = tpl_set(g, norm, sp_key, org, &h), *t;
 	char *n;
 
-	if (!t || strlen(org) > OR_ORG_MAX || !(n = strdup(norm))) {
+	if (!set || strlen(org) > OR_ORG_MAX || !(n = strdup(norm))) {
 		free(tpl);
 		return;
 	}
+	t = &set[0];
+	for (int i = 1; i < TPL_WAYS && t->norm; i++)
+		if (!set[i].norm || set[i].used < t->used)
+			t = &set[i];
+	for (int i = 0; i < TPL_WAYS; i++)	/* the same one for another catalog: replaced */
+		if (set[i].norm && set[i].h == h && set[i].sp_key == sp_key && strcmp(set[i].org, org) == 0 &&
+		    strcmp(set[i].norm, norm) == 0)
+			t = &set[i];
 	free(t->norm);
 	free(t->tpl);
 	t->norm = n;
@@ -946,6 +985,7 @@ static void tpl_put(struct orr *g, const char *norm, uint64_t sp_key, uint64_t k
 	t->h = h;
 	t->sp_key = sp_key;
 	t->key = key;
+	t->used = ++g->tpl_clock;
 	snprintf(t->org, sizeof(t->org), "%s", org);
 }
 
@@ -1229,6 +1269,21 @@ static bool may_hold(lk_client *c, const struct orc *x)
 	return !api->client_in_transaction(c) || !x->block_lokadb;
 }
 
+/*
+ * May the session values go in front of this Query, in the same message
+ * (query_vars_inline)? One SELECT, INSERT, UPDATE or DELETE without session
+ * effects: it runs the same in the implicit transaction block the SETs and
+ * it then share (a statement that refuses blocks, a COMMIT, a second
+ * statement of the client's, is not one of them).
+ */
+static bool inline_ok(const struct or_analysis *a)
+{
+	const struct or_stmt *st = &a->stmts[0];
+
+	return a->nstmts == 1 && !a->effects && !a->ends_txn && !a->parse_error && st->effect == OR_FX_NONE &&
+	       st->kind >= OR_K_SELECT && st->kind <= OR_K_DELETE;
+}
+
 /* A message on LokaDB tables, or with session effects. */
 static int route_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *x, const struct or_analysis *a,
 			 const char *orig, const char *cur)
@@ -1236,6 +1291,7 @@ static int route_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 	struct decision d = { .src = SRC_NONE, .rewrite = "no", .prefix = "-" };
 	char type = api->query_type(ev);
 
+	x->inline_req = false;
 	decide_org(ev, x, a, &d);
 	if (d.refusal) {
 		const struct or_ref *r = d.refused_ref;
@@ -1275,6 +1331,8 @@ static int route_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 		g->n[N_ROUTED]++;
 		g->n[d.src == SRC_STATEMENT ? N_ORG_STATEMENT : d.src == SRC_SESSION ? N_ORG_SESSION : N_ORG_NONE]++;
 		maybe_rewrite(g, ev, x, a, &d);
+		x->inline_req = type == 'Q' && inline_ok(a) && LK_API_HAS(api, query_vars_inline) &&
+				api->query_vars_inline(ev) == 0;	/* the SETs go in front of it, one Query */
 		if (!d.after_set)
 			ensure_org(g, ev, c, x, &d);
 		route_log(g, ev, &d, source_names[d.src]);
@@ -1506,6 +1564,35 @@ static void subscribe(struct orr *g)
 }
 
 /*
+ * Does the unqualified `word` (n bytes) name a LokaDB table along the
+ * client's search path? meta_cache's table_search (a hash lookup per schema
+ * of the path, about 1,100 instructions) is asked once per word, search path
+ * and catalog; the prefilter looks up every word of a statement until one
+ * is a table (9 for the benchmark's read: SELECT, the columns, FROM), and
+ * the same words come again and again.
+ */
+static bool word_is_table(struct orr *g, const struct orc *x, const char *word, size_t n, const char *path,
+			  const char *user)
+{
+	uint64_t key = cat_key(g), h = or_hash(word, n, x->sp_key);
+	struct word_memo *m;
+
+	if (!g->words && !(g->words = calloc(WORD_MEMO, sizeof(*g->words))))
+		return g->mc->table_search(word, path, user) != NULL;
+	m = &g->words[h % WORD_MEMO];
+	if (m->len != n || m->sp_key != x->sp_key || m->key != key || memcmp(m->word, word, n) != 0) {
+		if (n >= sizeof(m->word))
+			return g->mc->table_search(word, path, user) != NULL;
+		m->table = g->mc->table_search(word, path, user) != NULL;
+		m->len = (uint8_t)n;
+		m->sp_key = x->sp_key;
+		m->key = key;
+		memcpy(m->word, word, n);
+	}
+	return m->table;
+}
+
+/*
  * Prefilter: can this text matter to routing at all? It can when one of its
  * words (anywhere: identifiers, strings, comments) names a LokaDB table as
  * PostgreSQL would resolve it (schema.name, or name along the search_path),
@@ -1515,11 +1602,6 @@ static void subscribe(struct orr *g)
  * inline values) neither cost a parse nor evict the cache. False positives
  * only cost the parse.
  */
-static bool word_is(const char *w, size_t n, const char *kw)
-{
-	return strlen(kw) == n && strncasecmp(w, kw, n) == 0;
-}
-
 static unsigned may_matter(struct orr *g, const struct orc *x, const char *user, const char *sql)
 {
 	unsigned found = 0;
@@ -1528,6 +1610,7 @@ static unsigned may_matter(struct orr *g, const struct orc *x, const char *user,
 		"prepare", "execute", "deallocate", "begin", "start", "plan_cache_mode", NULL
 	};
 	enum { PLAN_MODE_WORD = 14 };	/* keywords[14] */
+	static size_t kwlen[sizeof(keywords) / sizeof(keywords[0])];
 	const char *path = x->search_path ? x->search_path : OR_DEFAULT_PATH;
 	char prev[NAMEDATALEN_OR] = "", word[NAMEDATALEN_OR];
 	bool prev_dot = false;
@@ -1568,12 +1651,15 @@ static unsigned may_matter(struct orr *g, const struct orc *x, const char *user,
 		for (size_t i = 0; i < n; i++)
 			word[i] = quoted ? w[i] : (char)tolower((unsigned char)w[i]);
 		word[n] = 0;
-		if (!quoted)
+		if (!quoted && !kwlen[0])
 			for (int k = 0; keywords[k]; k++)
-				if (word_is(word, n, keywords[k]))
+				kwlen[k] = strlen(keywords[k]);
+		if (!quoted)	/* (word is lower-case, as the keywords) */
+			for (int k = 0; keywords[k]; k++)
+				if (kwlen[k] == n && memcmp(word, keywords[k], n) == 0)
 					found |= MM_SESSION | (k == PLAN_MODE_WORD ? MM_PLAN_MODE : 0);
 		if (!(found & MM_TABLE) &&
-		    ((prev_dot && g->mc->table(prev, word)) || g->mc->table_search(word, path, user)))
+		    ((prev_dot && g->mc->table(prev, word)) || word_is_table(g, x, word, n, path, user)))
 			found |= MM_TABLE;
 		memcpy(prev, word, n + 1);
 		prev_dot = false;
@@ -1880,6 +1966,8 @@ static void or_fini(lk_plugin *self)
 		api->timer_cancel(g->release);
 	or_cache_free(g->cache);
 	tpls_free(g);
+	free(g->words);
+	or_shapes_free();
 	free(g->databases);
 	free(g);
 }

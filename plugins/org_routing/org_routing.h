@@ -165,6 +165,8 @@ struct or_norm {
 /* false: not normalized (no literal to replace, or a form left as is); out is then empty. */
 bool or_normalize(const char *sql, struct or_norm *out);
 void or_norm_free(struct or_norm *n);
+/* Forget the shapes of normalized texts (see normalize.c); at unload. */
+void or_shapes_free(void);
 /* A rewrite of a normalized text as a template (each $1..$nlits exactly once); NULL: not one. */
 char *or_template_encode(const char *sql, int nlits);
 /* The template with the literal texts of `n` put back (caller frees); NULL on out of memory. */

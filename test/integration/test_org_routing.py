@@ -26,7 +26,8 @@ import time
 import pytest
 from psycopg import errors
 
-from lokadb_harness import HERE, SLOW, BgCall, Wire, assert_error, wait_until
+from lokadb_harness import (HERE, SLOW, BgCall, Wire, _parse_data_row, assert_error, message, parse_error_fields,
+                            wait_until)
 
 REPO = (HERE / "../..").resolve()
 CATALOG_SQL = (REPO / "plugins/move/catalog.sql").read_text()
@@ -1231,3 +1232,153 @@ def test_odd_literal_texts_get_postgresql_answer_and_the_session_goes_on(router,
             else:
                 assert got.error is None and got.rows == want.rows, stmt
             assert w.query("SELECT 1").rows == [["1"]]
+
+
+# ------------------------- the values in front of the statement (ABI 1.7) --
+
+def _wire_reply(w, stmt):
+    """The messages of one simple Query, as (type, fields or payload) pairs."""
+    w.send_msg(b"Q", stmt.encode() + b"\0")
+    out = []
+    while True:
+        typ, payload = w.read_msg()
+        out.append((typ.decode(), parse_error_fields(payload) if typ in (b"E", b"N") else payload))
+        if typ == b"Z":
+            return out
+
+
+def test_the_organization_goes_in_front_of_the_statement_in_one_query(router, app):
+    """A simple-Query SELECT/INSERT/UPDATE/DELETE gets its values as SET
+    statements in front of it, in the same Query (one statement less for
+    PostgreSQL); the client gets exactly PostgreSQL's reply to its own text,
+    without the SETs' CommandCompletes."""
+    b = router(settings={"pool_mode": "transaction", "default_pool_size": 1})
+    w = b.login("app", USER)
+    for i, o in enumerate((3, 1, 3)):
+        stmt = f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = {o}"
+        log0 = app.log_size()
+        got = _wire_reply(w, stmt)
+        ran = executed(app, log0)
+        pcm = "SET plan_cache_mode = 'force_custom_plan'; " if i == 0 else ""    # a new server: both
+        assert ran == [f"SET lokadb.org = '{o}'; {pcm}{stmt}"], ran
+        assert [t for t, _ in got] == ["T", "D", "C", "Z"], got
+        assert got[2][1] == b"SELECT 1\0" and got[3][1] == b"I"
+        assert _parse_data_row(got[1][1])[0] == str(o)
+    # an UPDATE, a DELETE and an INSERT get their tags (not SET's)
+    for stmt, tag in [("UPDATE documents SET title = title WHERE organization_id = 1 AND id < 0", b"UPDATE 0\0"),
+                      ("DELETE FROM versions WHERE organization_id = 3 AND id < 0", b"DELETE 0\0"),
+                      ("INSERT INTO versions (organization_id, document_id, body) "
+                       "SELECT organization_id, id, 'x' FROM documents WHERE organization_id = 1 AND id < 0",
+                       b"INSERT 0 0\0")]:
+        got = _wire_reply(w, stmt)
+        assert [t for t, _ in got] == ["C", "Z"] and got[0][1] == tag, (stmt, got)
+
+
+def test_an_error_of_a_statement_with_values_in_front_is_reported_as_without(router, app):
+    """An error in the statement is the one PostgreSQL gives for the client's
+    text alone (same fields, the position in the client's own text); the SETs
+    were rolled back with it, and the core sends them again."""
+    b = router(settings={"pool_mode": "transaction", "default_pool_size": 1})
+    w = b.login("app", USER)
+    bad = [
+        # a position (the cast's literal): must point into the client's text
+        f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = 3 AND title = 'a' AND id = 'x'::int",
+        f"SELECT count(*) / 0 FROM documents WHERE organization_id = 3",
+        f"SELECT no_such_column FROM documents WHERE organization_id = 3",
+        "INSERT INTO versions (organization_id, document_id, body) VALUES (3, 1, NULL)",
+    ]
+    with Wire(port=app.port, timeout=10 * SLOW) as d:
+        d.login(USER, APP_DB)
+        for stmt in bad:
+            want = _wire_reply(d, stmt)
+            st0 = stats(b)
+            got = _wire_reply(w, stmt)
+            assert [t for t, _ in got] == [t for t, _ in want] and got[-2][0] == "E", (stmt, got, want)
+            assert got[:-2] == want[:-2], stmt                              # (a RowDescription)
+            assert stmt != bad[0] or int(got[-2][1]["P"]) > 0                # (a position is tested)
+            for k in "SCMP":
+                assert got[-2][1].get(k) == want[-2][1].get(k), (stmt, k, got, want)
+            assert stats(b)["prefixes"] - st0["prefixes"] == 1, stmt       # it had the SETs in front
+            st0 = stats(b)
+            assert org_of(w, _org_query(3)) == "3"                          # rolled back: sent again
+            assert stats(b)["prefixes"] - st0["prefixes"] == 1, stmt
+            w.query("SELECT 1 FROM documents WHERE organization_id = 1")    # the next one needs them again
+
+
+def test_values_in_front_inside_a_block_follow_the_block(router, app):
+    """Inside a transaction block the SETs run in the block: a ROLLBACK
+    reverts them (the core does not take them as known), an aborted block
+    answers its statements with PostgreSQL's own error, and COMMIT keeps the
+    organization the statements ran with."""
+    b = router(settings={"pool_mode": "transaction", "default_pool_size": 1})
+    w = b.login("app", USER)
+    assert org_of(w, _org_query(1)) == "1"
+    w.query("BEGIN")
+    assert org_of(w, _org_query(3)) == "3"
+    w.query("ROLLBACK")
+    assert w.query(f"SELECT {SETTING}").rows == [["1"]]         # the block's SET was rolled back
+    assert org_of(w, _org_query(3)) == "3"
+    w.query("BEGIN")
+    assert w.query("SELECT 1/0", raise_error=False).error is not None
+    got = _wire_reply(w, _org_query(1))
+    assert [t for t, _ in got] == ["E", "Z"] and got[0][1]["C"] == "25P02" and got[1][1] == b"E", got
+    w.query("ROLLBACK")
+    assert org_of(w, _org_query(1)) == "1"                      # sent again, and seen
+    w.query("BEGIN")
+    assert org_of(w, _org_query(5)) == "5"
+    w.query("COMMIT")
+    st0 = stats(b)
+    assert w.query(f"SELECT {SETTING}").rows == [["5"]]
+    assert org_of(w, _org_query(1)) == "1"
+    assert stats(b)["prefixes"] - st0["prefixes"] == 1
+
+
+def test_pipelined_queries_with_values_in_front_each_get_their_reply(router, app):
+    """Several Queries in one write, each with its own organization in front:
+    each reply is its own (no SET reply in between), and the core knows the
+    value the last one left on the server."""
+    b = router(settings={"pool_mode": "transaction", "default_pool_size": 1})
+    w = b.login("app", USER)
+    orgs = [3, 1, 5, 5, 2, 1]
+    w.send(b"".join(message(b"Q", (_org_query(o) + "\0").encode()) for o in orgs))
+    for o in orgs:
+        res = w.read_until_ready()
+        assert res.error is None and res.rows[0][0] == str(o) and res.tags == ["SELECT 1"], (o, res.messages)
+    st0 = stats(b)
+    assert org_of(w, _org_query(1)) == "1"
+    assert org_of(w, _org_query(3)) == "3"
+    st = stats(b)
+    assert st["prefixes_known"] - st0["prefixes_known"] == 1 and st["prefixes"] - st0["prefixes"] == 1, st
+
+
+def test_statements_that_refuse_a_block_get_the_values_in_a_query_of_their_own(router, app):
+    """Statements other than one SELECT/INSERT/UPDATE/DELETE (several
+    statements, VACUUM, which refuses transaction blocks) keep the values in a
+    hidden Query of their own before them."""
+    b = router(settings={"pool_mode": "transaction", "default_pool_size": 1})
+    w = b.login("app", USER)
+    w.query("SET lokadb.org = '3'")
+    w.query("VACUUM documents")                 # with the session's organization, which it gets before it
+    assert w.query(f"SELECT {SETTING}").rows == [["3"]]
+    log0 = app.log_size()
+    two = ("SELECT count(*) FROM documents WHERE organization_id = 1; "
+           "SELECT count(*) FROM versions WHERE organization_id = 1")
+    res = w.query(two)
+    assert res.tags == ["SELECT 1", "SELECT 1"] and res.error is None
+    ran = [t for t in executed(app, log0, needle="") if "organization_id = 1" in t or "lokadb.org" in t]
+    assert ran == ["SET lokadb.org = '1'", two], ran
+
+
+def test_a_failed_statement_with_values_in_front_leaves_no_belief_in_session_pooling(router, app):
+    """Session pooling (the plugin trusts what it last set on the client's
+    own server): a statement that fails takes its SETs with it, so the next
+    statement of that organization still gets them."""
+    b = router(settings={"pool_mode": "session", "default_pool_size": 1})
+    w = b.login("app", USER)
+    for _ in range(2):
+        assert org_of(w, _org_query(3)) == "3"
+    bad = "SELECT count(*) FROM documents WHERE organization_id = 1 AND id = 'x'::int"
+    assert w.query(bad, raise_error=False).error.fields["C"] == "22P02"
+    assert org_of(w, _org_query(1)) == "1"
+    assert org_of(w, _org_query(1)) == "1"
+    assert w.query(f"SELECT {SETTING}").rows == [["1"]]

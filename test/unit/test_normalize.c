@@ -81,10 +81,84 @@ end:
 	return ok;
 }
 
+/* Normalize `sql` twice: through the shape of an earlier text (if any),
+ * then with the shapes forgotten (the scanner): both results must be equal. */
+static bool same_both_ways(const char *sql, bool *normalized)
+{
+	struct or_norm a, b;
+	bool ra, rb, ok = true;
+
+	memset(&b, 0, sizeof(b));
+	ra = or_normalize(sql, &a);
+	or_shapes_free();
+	rb = or_normalize(sql, &b);
+	*normalized = ra;
+	CHECK(ra == rb);
+	if (ra) {
+		CHECK_STR(a.text, b.text);
+		CHECK(a.n == b.n);
+		for (int i = 0; i < a.n && i < b.n; i++) {
+			CHECK_STR(a.vals[i], b.vals[i]);
+			CHECK_STR(a.toks[i], b.toks[i]);
+		}
+	}
+end:
+	if (!ok)
+		fprintf(stderr, "  text: %s\n", sql);
+	or_norm_free(&a);
+	or_norm_free(&b);
+	return ok;
+}
+
+static bool shapes_give_what_the_scanner_gives(void)
+{
+	static const char *const pairs[][2] = {
+		{ "SELECT a FROM t WHERE o = 17 AND id = 42", "SELECT a FROM t WHERE o = 3 AND id = 900000" },
+		{ "SELECT 'x''y', 5 FROM t", "SELECT 'it''s ''q''', 0007 FROM t" },
+		{ "SELECT /* $1 */ 5, '$2'", "SELECT /* $1 */ 6, 'a $1'" },
+		/* a literal left as written right after a placeholder (a too large integer) */
+		{ "SELECT 'a'3000000000 x", "SELECT 'b' x" },
+		{ "SELECT 'a'3000000000 x", "SELECT 'b'3000000000 x" },
+		/* the same skeleton, other kinds or forms: scanned */
+		{ "SELECT 5", "SELECT 3000000000" },
+		{ "SELECT 'a'", "SELECT 'a\\b'" },
+		{ "SELECT 'a'", "SELECT 'a'\n'b'" },
+		{ "SELECT 'a' 'b'", "SELECT 'a''b'" },
+		{ "SELECT 5 FROM t", "SELECT 5.5 FROM t" },
+		{ "SELECT 1, 2", "SELECT 1, -2" },
+		{ "SELECT 12 x", "SELECT 1 2 x" },
+		{ "SELECT 'a', 1", "SELECT '', 1" },
+		{ "SELECT 1", "SELECT 1; SELECT $1" },
+		{ "SELECT 'a' -- x\n, 1", "SELECT 'b' -- x\n, 2" },
+	};
+	bool ok = true, normalized = false;
+
+	for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) {
+		struct or_norm n;
+		or_shapes_free();
+		if (or_normalize(pairs[i][0], &n))	/* its shape is remembered */
+			or_norm_free(&n);
+		CHECK(same_both_ways(pairs[i][1], &normalized));
+	}
+	/* a text of a known shape is normalized without the scanner, the same way */
+	or_shapes_free();
+	{
+		struct or_norm n;
+		CHECK(or_normalize("SELECT 1 FROM t WHERE o = '9'", &n));
+		or_norm_free(&n);
+		CHECK(shapes && shapes[skeleton("SELECT 2 FROM t WHERE o = '10'") % SHAPES].norm);
+		CHECK(same_both_ways("SELECT 2 FROM t WHERE o = '10'", &normalized) && normalized);
+	}
+end:
+	or_shapes_free();
+	return ok;
+}
+
 static const struct unit_case cases[] = {
 	{ "literals become $n", norm_literals },
 	{ "forms left as written", norm_left_as_written },
 	{ "templates", templates },
+	{ "shapes give what the scanner gives", shapes_give_what_the_scanner_gives },
 	{ NULL, NULL }
 };
 UNIT_MAIN("normalize", cases)
