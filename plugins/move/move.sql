@@ -952,6 +952,24 @@ BEGIN
 	RETURN keys;
 END $$;
 
+-- The application's own row triggers of `src` (not LokaDB's, not clones from
+-- a parent), made again on `dst`: their definitions with `ON <src>` replaced.
+-- `qsrc` is src as _def writes it. A definition without it is skipped with a WARNING.
+CREATE OR REPLACE FUNCTION lokadb._copy_own_triggers(src oid, qsrc text, dst text) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+	k record;
+	prefix text := ' ON ' || qsrc || ' ';
+BEGIN
+	FOR k IN SELECT tgname, lokadb._def('trigger', oid) AS def FROM pg_trigger
+		 WHERE tgrelid = src AND NOT tgisinternal AND tgparentid = 0 AND tgname NOT LIKE 'lokadb\_%' LOOP
+		IF position(prefix IN k.def) = 0 THEN
+			RAISE WARNING 'trigger % on % not copied to %: unexpected definition', k.tgname, qsrc, dst;
+			CONTINUE;
+		END IF;
+		EXECUTE overlay(k.def PLACING ' ON ' || dst || ' ' FROM position(prefix IN k.def) FOR length(prefix));
+	END LOOP;
+END $$;
+
 -- Replay the captured changes visible now into the leaf: per key, the last
 -- image wins (writers of one key are serialized by its row lock, so capture
 -- order is commit order per key). The caller must give a stable view of the
@@ -994,8 +1012,6 @@ DECLARE
 	ql text;
 	su boolean;
 	k record;
-	def text;
-	prefix text;
 BEGIN
 	x := lokadb._iso_names(rel, org);
 	t := lokadb._table_row(rel);
@@ -1031,16 +1047,7 @@ BEGIN
 	END IF;
 	EXECUTE format('ALTER TABLE %s ATTACH PARTITION %s FOR VALUES IN (%s)', lokadb._q(rel), qc, x.lit);
 	-- the table's own row triggers (on D since before ENABLE) apply to the leaf too
-	FOR k IN SELECT tgname, lokadb._def('trigger', oid) AS def FROM pg_trigger
-		 WHERE tgrelid = x.d AND NOT tgisinternal AND tgparentid = 0 AND tgname NOT LIKE 'lokadb\_%' LOOP
-		prefix := ' ON ' || qd || ' ';
-		IF position(prefix IN k.def) = 0 THEN
-			RAISE WARNING 'trigger % on % not copied to %: unexpected definition', k.tgname, qd, ql;
-			CONTINUE;
-		END IF;
-		def := overlay(k.def PLACING ' ON ' || ql || ' ' FROM position(prefix IN k.def) FOR length(prefix));
-		EXECUTE def;
-	END LOOP;
+	PERFORM lokadb._copy_own_triggers(x.d, qd, ql);
 	PERFORM lokadb._drop_trigger(qd, x.trig || '_i');
 	PERFORM lokadb._drop_trigger(qd, x.trig || '_u');
 	PERFORM lokadb._drop_trigger(qd, x.trig || '_d');
@@ -1529,8 +1536,6 @@ DECLARE
 	c_site bigint;
 	c_other bigint;
 	k record;
-	def text;
-	prefix text;
 	fkid bigint;
 	nn text;
 	chg text;
@@ -1574,17 +1579,7 @@ BEGIN
 		EXECUTE format('ALTER FOREIGN TABLE %s OWNER TO %I', ql, owner);
 		PERFORM lokadb._copy_acl(to_regclass(qold), to_regclass(ql));
 		-- the application's own row triggers on the leaf (the cloned ones come from the parent)
-		FOR k IN SELECT tgname, lokadb._def('trigger', oid) AS def FROM pg_trigger
-			 WHERE tgrelid = to_regclass(qold) AND NOT tgisinternal AND tgparentid = 0
-			   AND tgname NOT LIKE 'lokadb\_%' LOOP
-			prefix := ' ON ' || qold || ' ';
-			IF position(prefix IN k.def) = 0 THEN
-				RAISE WARNING 'trigger % on % not copied to %: unexpected definition', k.tgname, qold, ql;
-				CONTINUE;
-			END IF;
-			def := overlay(k.def PLACING ' ON ' || ql || ' ' FROM position(prefix IN k.def) FOR length(prefix));
-			EXECUTE def;
-		END LOOP;
+		PERFORM lokadb._copy_own_triggers(to_regclass(qold), qold, ql);
 		-- the leaf's foreign keys to cloud tables (ISOLATE ORG gave it DEFAULT's): a foreign table
 		-- takes none, so each becomes LokaDB's check -- a plain row trigger on the foreign table
 		-- (it cannot have constraint triggers: checked at once, never deferred) and constraint

@@ -560,3 +560,29 @@ def test_round_trips_with_lokadb_row_triggers(env, cloud, pg):
         e.app().execute("DELETE FROM folders WHERE id = 3")
     assert ei.value.sqlstate == "23503", (ei.value.sqlstate, str(ei.value))
     e.app().execute("DELETE FROM folders WHERE id = 4")     # one nobody references
+
+
+def test_the_applications_row_triggers_follow_the_organization(env, cloud, pg):
+    """A row trigger of the application on the tenant table (on DEFAULT since
+    ENABLE TABLE) is made again on the organization's leaf by ISOLATE ORG and
+    on its foreign partition by MOVE ORG: it still fires for the moved
+    organization's writes."""
+    pg.sql("CREATE TABLE audit (org int, n int); GRANT ALL ON audit TO PUBLIC; "
+           "CREATE FUNCTION audit_ins() RETURNS trigger LANGUAGE plpgsql AS "
+           "$$ BEGIN INSERT INTO audit VALUES (NEW.organization_id, 1); RETURN NULL; END $$; "
+           "CREATE TRIGGER app_audit AFTER INSERT ON documents FOR EACH ROW EXECUTE FUNCTION audit_ins()",
+           dbname=cloud)
+    e = env()
+    e.prepare(isolate=())
+    e.ok("ISOLATE ORG 1")
+    assert e.cloud_sql("SELECT count(*) FROM pg_trigger WHERE tgrelid = 'documents_o1_1'::regclass "
+                       "AND tgname = 'app_audit'") == [(1,)]
+    e.start_agent("acme")
+    e.create_site("acme")
+    e.ok("MOVE ORG 1 TO SITE acme OFFLINE")
+    assert e.cloud_sql("SELECT c.relkind FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+                       "WHERE t.tgname = 'app_audit' AND c.relname = 'documents_o1_1'") == [("f",)]
+    before = e.cloud_sql("SELECT count(*) FROM audit WHERE org = 1")[0][0]
+    e.app().execute("INSERT INTO documents (organization_id, title) VALUES (1, 'audited at the site')")
+    assert e.cloud_sql("SELECT count(*) FROM audit WHERE org = 1")[0][0] == before + 1
+    assert e.site_sql("acme", "SELECT count(*) FROM documents WHERE title = 'audited at the site'") == [(1,)]
