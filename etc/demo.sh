@@ -133,21 +133,26 @@ AGENT_PORT=$(free_port 5)
 # ---- 1. the PostgreSQL cluster ----
 
 say "initdb a PostgreSQL 15 cluster in $PGDATA"
-printf 'demo_pw\n' > "$TMP/pgpass.txt"
-if [ "$(id -u)" = 0 ]; then
-	chown -R postgres: "$TMP"
-fi
-as_pg "$PG_BIN/initdb" -D "$PGDATA" -U postgres --pwfile="$TMP/pgpass.txt" \
-	--auth-local=trust --auth-host=scram-sha-256 -E UTF8 --no-locale >"$TMP/initdb.log" 2>&1 \
-	|| { cat "$TMP/initdb.log" >&2; die "initdb failed"; }
-rm -f "$TMP/pgpass.txt"
-cat >>"$PGDATA/postgresql.conf" <<EOF
+# make_cluster DATADIR PORT LOG: initdb (user postgres, password demo_pw,
+# SCRAM on TCP) and the settings of a demo cluster on 127.0.0.1:PORT.
+make_cluster() {
+	printf 'demo_pw\n' > "$TMP/pgpass.txt"
+	if [ "$(id -u)" = 0 ]; then
+		chown -R postgres: "$TMP"
+	fi
+	as_pg "$PG_BIN/initdb" -D "$1" -U postgres --pwfile="$TMP/pgpass.txt" \
+		--auth-local=trust --auth-host=scram-sha-256 -E UTF8 --no-locale >"$3" 2>&1 \
+		|| { cat "$3" >&2; die "initdb of $1 failed"; }
+	rm -f "$TMP/pgpass.txt"
+	cat >>"$1/postgresql.conf" <<EOF
 listen_addresses = '127.0.0.1'
-port = $PG_PORT
+port = $2
 unix_socket_directories = '$TMP'
 max_connections = 30
 fsync = off
 EOF
+}
+make_cluster "$PGDATA" "$PG_PORT" "$TMP/initdb.log"
 
 say "start PostgreSQL on 127.0.0.1:$PG_PORT"
 as_pg "$PG_BIN/pg_ctl" -D "$PGDATA" -l "$TMP/postgres.log" -w -t 30 start >/dev/null
@@ -329,21 +334,7 @@ console "SHOW ORG_ROUTING"
 # ---- 6. a site ----
 
 say "a site: a second PostgreSQL cluster stands for organization 2's own database"
-printf 'demo_pw\n' > "$TMP/pgpass.txt"
-if [ "$(id -u)" = 0 ]; then
-	chown postgres: "$TMP/pgpass.txt"
-fi
-as_pg "$PG_BIN/initdb" -D "$SITEDATA" -U postgres --pwfile="$TMP/pgpass.txt" \
-	--auth-local=trust --auth-host=scram-sha-256 -E UTF8 --no-locale >"$TMP/initdb-site.log" 2>&1 \
-	|| { cat "$TMP/initdb-site.log" >&2; die "initdb of the site failed"; }
-rm -f "$TMP/pgpass.txt"
-cat >>"$SITEDATA/postgresql.conf" <<EOF
-listen_addresses = '127.0.0.1'
-port = $SITE_PG_PORT
-unix_socket_directories = '$TMP'
-max_connections = 30
-fsync = off
-EOF
+make_cluster "$SITEDATA" "$SITE_PG_PORT" "$TMP/initdb-site.log"
 as_pg "$PG_BIN/pg_ctl" -D "$SITEDATA" -l "$TMP/site-postgres.log" -w -t 30 start >/dev/null
 SITE_STARTED=1
 as_pg "$PSQL" -X -q -h "$TMP" -p "$SITE_PG_PORT" -U postgres -d postgres -c "CREATE DATABASE appdb"
