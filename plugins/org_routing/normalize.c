@@ -511,31 +511,96 @@ char *or_template_encode(const char *sql, int nlits)
 	return out;
 }
 
-char *or_template_fill(const char *tpl, const struct or_norm *n)
+/* `name` as PostgreSQL's quote_identifier() writes it, for names that
+ * cannot be keywords: bare if [a-z_][a-z0-9_]* with a digit, else quoted. */
+static size_t put_ident(char *out, const char *name)
+{
+	bool bare = (*name >= 'a' && *name <= 'z') || *name == '_', digit = false;
+	size_t o = 0;
+
+	for (const char *p = name; *p && bare; p++) {
+		digit |= *p >= '0' && *p <= '9';
+		bare = (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '_';
+	}
+	if (bare && digit) {
+		o = strlen(name);
+		memcpy(out, name, o);
+		return o;
+	}
+	out[o++] = '"';
+	for (const char *p = name; *p; p++) {
+		if (*p == '"')
+			out[o++] = '"';
+		out[o++] = *p;
+	}
+	out[o++] = '"';
+	return o;
+}
+
+/* At p: "\x03schema\x05table\x04" (a leaf marker, quoted): schema and
+ * table into the buffers, the end into *end. false: not one. */
+static bool leaf_marker(const char *p, char *schema, char *table, const char **end)
+{
+	char *bufs[2] = { schema, table };
+	int stops[2] = { OR_LEAF_SEP, OR_LEAF_END };
+
+	if (p[0] != '"' || p[1] != OR_LEAF_MARK)
+		return false;
+	p += 2;
+	for (int i = 0; i < 2; i++) {
+		size_t n = 0;
+		while (*p && *p != stops[i] && n < NAMEDATALEN_OR - 1)
+			bufs[i][n++] = *p++;
+		if (*p != stops[i])
+			return false;
+		bufs[i][n] = 0;
+		p++;
+	}
+	if (*p != '"')
+		return false;
+	*end = p + 1;
+	return true;
+}
+
+char *or_template_fill(const char *tpl, const struct or_norm *n, or_leaf_fn leaf, void *arg, bool *no_leaf)
 {
 	size_t cap = strlen(tpl) + 1, o = 0;
-	char *out;
+	char *out, schema[NAMEDATALEN_OR], table[NAMEDATALEN_OR];
 
-	for (int i = 0; i < n->n; i++)
+	*no_leaf = false;
+	for (int i = 0; n && i < n->n; i++)
 		cap += strlen(n->toks[i]);
+	for (const char *p = strchr(tpl, OR_LEAF_MARK); p; p = strchr(p + 1, OR_LEAF_MARK))
+		cap += 2 * NAMEDATALEN_OR + 2;	/* a quoted leaf name with its quotes doubled */
 	if (!(out = malloc(cap)))
 		return NULL;
 	for (const char *p = tpl; *p;) {
+		const char *end;
 		if (*p == TPL_MARK) {
-			char *end;
-			long k = strtol(p + 1, &end, 10);
-			if (*end != TPL_END || k < 1 || k > n->n) {
-				free(out);
-				return NULL;
-			}
+			long k = strtol(p + 1, (char **)&end, 10);
+			if (!n || *end != TPL_END || k < 1 || k > n->n)
+				goto fail;
 			size_t l = strlen(n->toks[k - 1]);
 			memcpy(out + o, n->toks[k - 1], l);
 			o += l;
 			p = end + 1;
+		} else if (*p == '"' && p[1] == OR_LEAF_MARK) {
+			const char *name;
+			if (!leaf || !leaf_marker(p, schema, table, &end))
+				goto fail;
+			if (!(name = leaf(arg, schema, table)) || strlen(name) >= NAMEDATALEN_OR) {
+				*no_leaf = true;
+				goto fail;
+			}
+			o += put_ident(out + o, name);
+			p = end;
 		} else {
 			out[o++] = *p++;
 		}
 	}
 	out[o] = 0;
 	return out;
+fail:
+	free(out);
+	return NULL;
 }

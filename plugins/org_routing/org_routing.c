@@ -85,14 +85,13 @@
 
 static const lk_api *api;
 
-#define NAMEDATALEN_OR 64	/* PostgreSQL identifiers are at most 63 bytes */
 
 /* Counters of SHOW ORG_ROUTING, in its column order. */
 enum or_counter {
 	N_PASSED, N_ROUTED, N_ORG_STATEMENT, N_ORG_SESSION, N_ORG_NONE, N_PREFIXES, N_PREFIXES_SKIPPED,
 	N_REFUSED, N_REWRITTEN, N_REWRITE_FAILED, N_PARSE_ERRORS, N_SESSION_CHANGES, N_HELD,
 	N_REPARSED, N_HELD_PAUSE, N_PAUSE_TIMEOUTS, N_PLAN_MODE, N_REPARSE_LOST, N_REPARSE_REFUSED, N_PREFILTERED,
-	N_PREFIXES_KNOWN, N_NORMALIZED, N_NORM_HITS,
+	N_PREFIXES_KNOWN, N_NORMALIZED, N_NORM_HITS, N_REWRITES_MADE,
 	N_COUNT
 };
 static const char *const counter_names[N_COUNT] = {
@@ -100,7 +99,7 @@ static const char *const counter_names[N_COUNT] = {
 	"prefixes", "prefixes_skipped", "refused", "rewritten", "rewrite_failed", "parse_errors",
 	"session_changes", "held_for_catalog", "reparsed", "held_for_pause", "pause_timeouts",
 	"plan_mode_sets", "reparses_lost", "reparses_refused", "statements_prefiltered",
-	"prefixes_known", "statements_normalized", "normalized_cache_hits",
+	"prefixes_known", "statements_normalized", "normalized_cache_hits", "rewrites_made",
 };
 
 struct orc;
@@ -911,13 +910,14 @@ static bool any_leaf(struct orr *g, const struct or_analysis *a, const char *org
 }
 
 /*
- * Leaf-rewrite templates of normalized texts, one per (text, search path,
- * organization), in sets of 2 slots (a third one replaces the one of the set
- * used least recently: with one slot per hash, two organizations whose keys
- * collide would each replace the other's template, a parse and a deparse
- * per statement, some 1.5 million instructions each). The
- * memo of a parse-cache entry keeps only OR_MEMO_SLOTS organizations, and
- * one normalized text serves every organization.
+ * Rewrite templates of normalized texts, one per (text, search path) for a
+ * leaf template (it serves every organization: ORG_ANY), one per (text,
+ * search path, organization) for a COPY, in sets of 2 slots (a third one
+ * replaces the one of the set used least recently: with one slot per hash,
+ * two texts whose keys collide would each replace the other's template, a
+ * parse and a deparse per statement, some 1.5 million instructions each).
+ * A template per organization made the templates of 10,000 organizations
+ * overflow the slots: a parse and a deparse for nearly every statement.
  */
 static void tpls_free(struct orr *g)
 {
@@ -989,39 +989,68 @@ static void tpl_put(struct orr *g, const char *norm, uint64_t sp_key, uint64_t k
 	snprintf(t->org, sizeof(t->org), "%s", org);
 }
 
-/* A template of a normalized text with the message's literals (valid until the next call). */
-static const char *filled(const char *tpl)
+/* The memo and template key of leaf templates: they serve every organization
+ * (no organization id holds a control byte: see normalize()). */
+static const char ORG_ANY[] = { OR_LEAF_MARK, 0 };
+
+struct leaf_arg {
+	const struct meta_cache_api *mc;
+	const char *org;
+};
+
+static const char *leaf_of(void *arg, const char *schema, const char *table)
+{
+	const struct leaf_arg *l = arg;
+
+	return l->mc->leaf(schema, table, l->org);
+}
+
+/*
+ * A memoized rewrite made ready for this message: the literals of a
+ * normalized text put back, the leaves of d->org put in a leaf template's
+ * markers (valid until the next call). NULL: not rewritable for d->org.
+ */
+static const char *filled(const struct orr *g, const char *res, bool tmpl, const struct decision *d)
 {
 	static char *last;
+	struct leaf_arg l = { g->mc, d->org };
+	bool no_leaf;
 
+	if (!res)
+		return NULL;
+	if (!tmpl && !cur_norm)
+		return res;
 	free(last);
-	last = or_template_fill(tpl, cur_norm);
+	last = or_template_fill(res, cur_norm, tmpl ? leaf_of : NULL, &l, &no_leaf);
 	return last;
 }
 
 /*
  * `sql` (analyzed as a) rewritten for d->org: to the leaves when to_leaf,
- * COPY table TO as COPY (query) TO. Memoized per parse-cache entry and
- * organization. NULL: nothing to rewrite (or it failed: d->rewrite).
+ * COPY table TO as COPY (query) TO. A leaf rewrite is made once per
+ * parse-cache entry (or normalized text) as a leaf template, whatever the
+ * number of organizations, and filled in with the organization's leaves per
+ * message; a COPY rewrite is memoized per organization. NULL: nothing to
+ * rewrite (or it failed: d->rewrite).
  */
 static const char *rewritten(struct orr *g, lk_event *ev, const struct orc *x, const struct or_analysis *a,
 			     const char *sql, struct decision *d, bool to_leaf)
 {
 	struct or_names names = { g->mc, x->search_path ? x->search_path : OR_DEFAULT_PATH, NULL };
 	struct or_rewrite_memo *m = or_cache_memo(g->cache, a);
+	bool tmpl = to_leaf && d->first->kind != OR_K_COPY_TO_TABLE;
+	const char *org = tmpl ? ORG_ANY : d->org, *res, *err;
 	uint64_t key = cat_key(g);
-	const char *res, *err;
 	enum or_rw_result rc;
 	char *out;
 
-	if (cur_norm && tpl_get(g, sql, x->sp_key, key, d->org, &res))
-		return res ? filled(res) : NULL;
-	if (!cur_norm && or_memo_get(m, d->org, key, &res))
-		return res;
-	if (to_leaf && d->first->kind != OR_K_COPY_TO_TABLE && !any_leaf(g, a, d->org))
+	if (tmpl && !any_leaf(g, a, d->org))
 		return NULL;	/* the organization has no partition of its own: nothing to address */
+	if (cur_norm ? tpl_get(g, sql, x->sp_key, key, org, &res) : or_memo_get(m, org, key, &res))
+		return filled(g, res, tmpl, d);
 	names.user = api->client_user(api->ev_client(ev));
-	rc = or_rewrite(sql, a, &names, d->org, to_leaf, &out, &err);
+	g->n[N_REWRITES_MADE]++;
+	rc = or_rewrite(sql, a, &names, tmpl ? NULL : d->org, to_leaf, &out, &err);
 	if (rc == OR_RW_DONE && cur_norm) {	/* the literals' $k marked, to be filled per message */
 		char *tpl = or_template_encode(out, cur_norm->n);
 		free(out);
@@ -1039,12 +1068,12 @@ static const char *rewritten(struct orr *g, lk_event *ev, const struct orc *x, c
 		out = NULL;	/* remembered as "not rewritable" */
 	}
 	if (cur_norm) {
-		tpl_put(g, sql, x->sp_key, key, d->org, rc == OR_RW_DONE ? out : NULL);
-		return tpl_get(g, sql, x->sp_key, key, d->org, &res) && res ? filled(res) : NULL;
+		tpl_put(g, sql, x->sp_key, key, org, rc == OR_RW_DONE ? out : NULL);
+		return tpl_get(g, sql, x->sp_key, key, org, &res) ? filled(g, res, tmpl, d) : NULL;
 	}
-	if (!or_memo_put(m, d->org, key, rc == OR_RW_DONE ? out : NULL))
+	if (!or_memo_put(m, org, key, rc == OR_RW_DONE ? out : NULL))
 		return NULL;
-	return or_memo_get(m, d->org, key, &res) ? res : NULL;
+	return or_memo_get(m, org, key, &res) ? filled(g, res, tmpl, d) : NULL;
 }
 
 /* Address a single-organization Query or Parse to its leaves. */
@@ -1054,23 +1083,28 @@ static void maybe_rewrite(struct orr *g, lk_event *ev, struct orc *x, const stru
 	char type = api->query_type(ev);
 	bool copy_table = d->first->kind == OR_K_COPY_TO_TABLE;
 	const char *res;
-	char *orig;
+	char *orig = NULL;
 
 	if (type == 'B' || a->nstmts != 1 || !d->first->rewritable)
 		return;
 	if (!(copy_table ? d->src != SRC_NONE : (g->rewrite && d->src == SRC_STATEMENT)))
 		return;
 	res = rewritten(g, ev, x, a, cur_norm ? cur_norm->text : api->query_sql(ev), d, g->rewrite);
-	if (!res || !(orig = strdup(api->query_sql(ev))))
+	if (!res)
+		return;
+	/* a Parse's Binds see `res`: remember what it was */
+	if (type == 'P' && !(orig = strdup(api->query_sql(ev))))
 		return;
 	if (api->query_rewrite(ev, res) == 0) {
 		g->n[N_REWRITTEN]++;
 		d->rewrite = copy_table ? "copy" : "leaf";
-		snprintf(d->target, sizeof(d->target), "%s", res);
-		if (type == 'P')	/* its Binds see `res`: remember what it was */
+		if (g->route_log)
+			snprintf(d->target, sizeof(d->target), "%s", res);
+		if (type == 'P')
 			pstmt_set(x, api->query_statement(ev), orig, res);
 	}
-	free(orig);
+	if (type == 'P')
+		free(orig);
 }
 
 /*
@@ -1101,7 +1135,8 @@ static bool bind_text(struct orr *g, lk_event *ev, struct orc *x, const struct o
 	}
 	if (want != orig) {
 		d->rewrite = "leaf";
-		snprintf(d->target, sizeof(d->target), "%s", want);
+		if (g->route_log)
+			snprintf(d->target, sizeof(d->target), "%s", want);
 	}
 	if (strcmp(want, cur) == 0)
 		return true;
@@ -1300,7 +1335,8 @@ static int route_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 		route_log(g, ev, &d, "refused");
 		return api->fail(ev, "0A000", d.refusal, r->schema, r->name, r->org_column);
 	}
-	describe_target(a, d.first, &d);
+	if (g->route_log)
+		describe_target(a, d.first, &d);
 	if (d.first && d.src != SRC_PENDING && org_paused(g, d.org) && may_hold(c, x))
 		return hold_paused(g, ev, x, &d);
 	affinity_for(g, c, x, &d);

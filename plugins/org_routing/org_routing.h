@@ -25,6 +25,8 @@
 
 #include <lokadb/meta_cache.h>
 
+#define NAMEDATALEN_OR 64	/* PostgreSQL identifiers are at most 63 bytes */
+
 /* One organization term: `org_col = 'value'` (param 0) or `org_col = $param`. */
 struct or_term {
 	int param;		/* 1-based parameter number, or 0 for a constant */
@@ -169,8 +171,23 @@ void or_norm_free(struct or_norm *n);
 void or_shapes_free(void);
 /* A rewrite of a normalized text as a template (each $1..$nlits exactly once); NULL: not one. */
 char *or_template_encode(const char *sql, int nlits);
-/* The template with the literal texts of `n` put back (caller frees); NULL on out of memory. */
-char *or_template_fill(const char *tpl, const struct or_norm *n);
+/*
+ * A leaf template (or_rewrite with org NULL) names each LokaDB occurrence
+ * with a marker instead of a leaf: the quoted identifier
+ * "\x03schema\x05table\x04", which or_template_fill() replaces with the
+ * organization's leaf of that table. One template serves every organization.
+ */
+#define OR_LEAF_MARK 0x03
+#define OR_LEAF_SEP 0x05
+#define OR_LEAF_END 0x04
+/* The leaf of schema.table for the organization being filled in; NULL: none. */
+typedef const char *(*or_leaf_fn)(void *arg, const char *schema, const char *table);
+/*
+ * The template with the literal texts of `n` (may be NULL) put back and each
+ * leaf marker replaced by leaf(arg, schema, table) (caller frees). NULL on
+ * out of memory, or with *no_leaf set when a table has no leaf.
+ */
+char *or_template_fill(const char *tpl, const struct or_norm *n, or_leaf_fn leaf, void *arg, bool *no_leaf);
 
 /* ---- rewrite.c ---- */
 
@@ -181,6 +198,9 @@ enum or_rw_result { OR_RW_NONE = 0, OR_RW_DONE, OR_RW_FAILED };
  * every LokaDB table occurrence becomes its leaf partition (alias kept, or
  * the table's name as alias) when `to_leaf` and every table has a leaf; a
  * COPY table TO becomes COPY (SELECT ... WHERE org_col = 'org') TO.
+ * With `org` NULL and `to_leaf` (not for COPY table TO): a leaf template,
+ * each occurrence named by its OR_LEAF_MARK marker (OR_RW_NONE when a
+ * schema or table name holds a double quote or a control byte).
  * OR_RW_DONE: *out is the new text (caller frees). OR_RW_NONE: nothing to
  * change. OR_RW_FAILED: libpg_query could not do it (*err says why,
  * static text).

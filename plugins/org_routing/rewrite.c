@@ -156,10 +156,32 @@ static bool rename_rv(PgQuery__RangeVar *rv, const struct mc_table *t, const cha
 	return rv->schemaname && rv->relname;
 }
 
-/* Every LokaDB occurrence to its leaf: OR_RW_NONE if one of them has none. */
+/* A name a leaf marker can carry: no double quote (the deparser would double it), no control byte. */
+static bool markable(const char *name)
+{
+	for (const char *p = name; *p; p++)
+		if (*p == '"' || (unsigned char)*p < 0x20)
+			return false;
+	return true;
+}
+
+/* The leaf marker of table t (see OR_LEAF_MARK); false: t's names cannot be carried. */
+static bool leaf_marker(const struct mc_table *t, char *buf, size_t len)
+{
+	int n;
+
+	if (!markable(t->schema) || !markable(t->name))
+		return false;
+	n = snprintf(buf, len, "%c%s%c%s%c", OR_LEAF_MARK, t->schema, OR_LEAF_SEP, t->name, OR_LEAF_END);
+	return n > 0 && (size_t)n < len;
+}
+
+/* Every LokaDB occurrence to its leaf for `org`, or to its leaf marker
+ * when org is NULL: OR_RW_NONE if one of them has none. */
 static enum or_rw_result to_leaves(struct rw *w, ProtobufCMessage *stmt, const char *org)
 {
 	const char *leaf[RW_MAX_RVS];
+	char mark[RW_MAX_RVS][2 * NAMEDATALEN_OR + 4];
 
 	or_walk(stmt, collect_ctes, w);
 	if (!w->overflow)
@@ -167,7 +189,10 @@ static enum or_rw_result to_leaves(struct rw *w, ProtobufCMessage *stmt, const c
 	if (w->overflow || w->nrv == 0)
 		return OR_RW_NONE;
 	for (int i = 0; i < w->nrv; i++) {
-		leaf[i] = w->names->mc->leaf(w->t[i]->schema, w->t[i]->name, org);
+		if (org)
+			leaf[i] = w->names->mc->leaf(w->t[i]->schema, w->t[i]->name, org);
+		else
+			leaf[i] = leaf_marker(w->t[i], mark[i], sizeof(mark[i])) ? mark[i] : NULL;
 		if (!leaf[i])
 			return OR_RW_NONE;
 	}
@@ -302,6 +327,8 @@ enum or_rw_result or_rewrite(const char *sql, const struct or_analysis *a, const
 	*err = "";
 	if (a->nstmts != 1 || !a->stmts[0].rewritable || !names->mc)
 		return OR_RW_NONE;
+	if (!org && strchr(sql, OR_LEAF_MARK))
+		return OR_RW_NONE;	/* the text itself holds the marker byte */
 	pr = pg_query_parse_protobuf(sql);
 	if (pr.error) {
 		pg_query_free_protobuf_parse_result(pr);
@@ -320,7 +347,7 @@ enum or_rw_result or_rewrite(const char *sql, const struct or_analysis *a, const
 	stmt = tree->stmts[0]->stmt;
 	if (a->stmts[0].kind == OR_K_COPY_TO_TABLE && stmt->node_case == PG_QUERY__NODE__NODE_COPY_STMT &&
 	    stmt->copy_stmt->relation)
-		rc = copy_to_query(&w, stmt->copy_stmt, org, to_leaf);
+		rc = org ? copy_to_query(&w, stmt->copy_stmt, org, to_leaf) : OR_RW_NONE;
 	else if (to_leaf)
 		rc = to_leaves(&w, &stmt->base, org);
 	if (rc == OR_RW_FAILED)

@@ -54,17 +54,32 @@ end:
 	return ok;
 }
 
+/* Leaves of the test: documents_o<org>_1 for every organization, Projects_O5 for 5 only. */
+static const char *leaf_named(void *arg, const char *schema, const char *table)
+{
+	static char buf[64];
+	const char *org = arg;
+
+	if (strcmp(schema, "public") == 0 && strcmp(table, "documents") == 0)
+		snprintf(buf, sizeof(buf), "documents_o%s_1", org);
+	else if (strcmp(schema, "My Schema") == 0 && strcmp(table, "Projects") == 0 && strcmp(org, "5") == 0)
+		snprintf(buf, sizeof(buf), "Projects_O5");
+	else
+		return NULL;
+	return buf;
+}
+
 static bool templates(void)
 {
 	struct or_norm n;
 	char *tpl = NULL, *out = NULL;
-	bool ok = true;
+	bool ok = true, no_leaf;
 
 	CHECK(or_normalize("SELECT id FROM documents WHERE organization_id = 5 AND title = 'x''y' LIMIT 3", &n));
 	tpl = or_template_encode("SELECT id FROM public.documents_o5_1 documents WHERE organization_id = $1 "
 				 "AND title = $2 LIMIT $3", n.n);
 	CHECK(tpl != NULL);
-	out = or_template_fill(tpl, &n);
+	out = or_template_fill(tpl, &n, NULL, NULL, &no_leaf);
 	CHECK_STR(out, "SELECT id FROM public.documents_o5_1 documents WHERE organization_id = 5 "
 		       "AND title = 'x''y' LIMIT 3");
 	free(tpl);
@@ -74,6 +89,19 @@ static bool templates(void)
 	CHECK((tpl = or_template_encode("SELECT $1, $2, $3, $4", 3)) == NULL);
 	/* a '$1' inside a string is not a placeholder */
 	CHECK((tpl = or_template_encode("SELECT '$1', $2, $3", 3)) == NULL);
+	/* leaf markers: each becomes the organization's leaf, written as the deparser writes names */
+	free(out);
+	out = NULL;
+	CHECK((tpl = or_template_encode("SELECT d.id FROM public.\"\x03public\x05" "documents\x04\" d JOIN "
+					"\"My Schema\".\"\x03My Schema\x05Projects\x04\" \"Projects\" ON $2 = $1 LIMIT $3",
+					n.n)) != NULL);
+	out = or_template_fill(tpl, &n, leaf_named, "5", &no_leaf);
+	CHECK_STR(out, "SELECT d.id FROM public.documents_o5_1 d JOIN \"My Schema\".\"Projects_O5\" \"Projects\" "
+		       "ON 'x''y' = 5 LIMIT 3");
+	CHECK(!no_leaf);
+	free(out);
+	out = or_template_fill(tpl, &n, leaf_named, "6", &no_leaf);	/* organization 6 has no leaf of Projects */
+	CHECK(out == NULL && no_leaf);
 end:
 	free(tpl);
 	free(out);
