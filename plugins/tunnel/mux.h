@@ -355,8 +355,9 @@ bool mux_reset(struct mux_session *s, uint32_t id, uint32_t code);
 bool mux_resume(struct mux_session *s, uint32_t id);
 /*
  * n bytes received on stream id were written onward: credit returns to the
- * peer once an eighth of a window is owed (MUX_CREDIT_PARTS). Ignored for unknown ids: a stream's
- * outstanding bytes are credited to the session when it closes.
+ * peer once an eighth of a window is owed (MUX_CREDIT_PARTS). Ignored for
+ * unknown ids: a stream's outstanding bytes are credited to the session
+ * when it closes.
  */
 void mux_stream_consumed(struct mux_session *s, uint32_t id, size_t n);
 
