@@ -832,7 +832,7 @@ static bool test_window_exhaustion_and_credit(void)
 	CHECK(mux_stream_recv_window(agent->s, id) == 0);
 	CHECK(ts(relay, id)->sent == SMALL_WINDOW);
 
-	/* credit is batched: just under an eighth of a window owed sends nothing */
+	/* credit is batched: just under window / MUX_CREDIT_PARTS owed sends nothing */
 	mux_stream_consumed(agent->s, id, SMALL_WINDOW / MUX_CREDIT_PARTS - 1);
 	pump(relay, agent, 0);
 	CHECK(a->recv == SMALL_WINDOW && mux_stream_send_window(relay->s, id) == 0);
@@ -842,13 +842,17 @@ static bool test_window_exhaustion_and_credit(void)
 	CHECK(mux_stream_send_window(relay->s, id) == 0);
 	/*
 	 * a window consumed in uneven pieces (as a socket takes it) comes back
-	 * but for less than an eighth: the sender keeps 7/8 of a window in
-	 * flight (with half a window as the threshold, only half)
+	 * but for less than window / MUX_CREDIT_PARTS, so the sender keeps at
+	 * least 15/16 of it in flight (with half a window as the threshold, a
+	 * bulk stream kept only half)
 	 */
-	for (int i = 0; i < 11; i++)
-		mux_stream_consumed(agent->s, id, SMALL_WINDOW / 11);
+	CHECK(MUX_CREDIT_PARTS >= 16);
+	before = a->recv;
+	for (int i = 0; i < 3 * MUX_CREDIT_PARTS - 1; i++)
+		mux_stream_consumed(agent->s, id, SMALL_WINDOW / (3 * MUX_CREDIT_PARTS - 1));
 	pump(relay, agent, 0);
-	CHECK(a->recv > SMALL_WINDOW + SMALL_WINDOW / 11 * 11);
+	CHECK(a->recv > before + SMALL_WINDOW / (3 * MUX_CREDIT_PARTS - 1) * (3 * MUX_CREDIT_PARTS - 1) -
+			    SMALL_WINDOW / MUX_CREDIT_PARTS);
 	/* consuming more than was received is clamped: a window comes back */
 	before = a->recv;
 	mux_stream_consumed(agent->s, id, 10u << 20);
@@ -976,8 +980,8 @@ static bool test_closed_stream_data_credited(void)
 		total += sizeof(zero);
 	}
 	CHECK(agent->errors == 0 && ts(agent, id)->recv == 0);
-	/* 4 x 16 KiB dropped, each an eighth of the session window: a
-	 * session WINDOW_UPDATE went out for each */
+	/* 4 x 16 KiB dropped, each more than the session window /
+	 * MUX_CREDIT_PARTS: a session WINDOW_UPDATE went out for each */
 	CHECK(mux_session_recv_window(agent->s) == 128 * 1024);
 	n = mux_pending(agent->s, &p);
 	CHECK(n == 4 * (MUX_HEADER_LEN + 4));
