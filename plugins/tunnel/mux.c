@@ -17,7 +17,7 @@
  * - Windows: DATA is counted against the stream and session windows at its
  *   header, whole; a peer exceeding either fails the session (FLOW_CONTROL).
  *   Credit goes back only through mux_stream_consumed() (or, for bytes the
- *   owner never saw, at once), in batches of at least half a window.
+ *   owner never saw, at once), in batches of at least window / MUX_CREDIT_PARTS.
  * - A stream's outstanding received bytes are credited to the session when
  *   it closes, so a reset stream never leaks session window.
  * - Control frames go to the transport before any DATA produced after them;
@@ -416,10 +416,20 @@ static bool fail(struct mux_session *s, uint32_t code, const char *fmt, ...)
 	return false;
 }
 
-/* Return credit once half a window is owed (the yamux/smux threshold). */
+/*
+ * Return credit once a sixteenth of a window is owed. What stays owed
+ * below the threshold is held back until more DATA arrives and is written
+ * onward, so a sender that sends all its credit keeps only window -
+ * threshold in flight: with half a window (the yamux/smux threshold) a bulk
+ * stream settled at half of window / RTT (each burst left just under half a
+ * window owed, credited only with the next burst, a round trip later).
+ * With a sixteenth it keeps at least 15/16 of the window in flight, for one
+ * WINDOW_UPDATE frame per sixteenth of a window (measured at 40 ms RTT, 1
+ * MiB window: an eighth gave 79-82 %, a sixteenth 87-90 %).
+ */
 static void maybe_credit_session(struct mux_session *s)
 {
-	if (s->failed || s->recv_owed < s->local.session_window / 2)
+	if (s->failed || s->recv_owed < s->local.session_window / MUX_CREDIT_PARTS)
 		return;
 	queue_window_update(s, 0, s->recv_owed);
 	s->recv_window += (int64_t)s->recv_owed;
@@ -428,7 +438,7 @@ static void maybe_credit_session(struct mux_session *s)
 
 static void maybe_credit_stream(struct mux_session *s, struct mux_stream *st)
 {
-	if (s->failed || st->fin_recv || st->recv_owed < st->recv_max / 2)
+	if (s->failed || st->fin_recv || st->recv_owed < st->recv_max / MUX_CREDIT_PARTS)
 		return;
 	queue_window_update(s, st->id, st->recv_owed);
 	st->recv_window += (int64_t)st->recv_owed;

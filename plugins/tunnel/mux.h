@@ -90,6 +90,7 @@
 #define MUX_STREAM_ID_MAX	0x7fffffffu
 #define MUX_OUT_FILL		(64 * 1024)	/* DATA produced per mux_pending() */
 #define MUX_CONTROL_QUEUE_MAX	(256 * 1024)	/* unread control bytes before ENHANCE_YOUR_CALM */
+#define MUX_CREDIT_PARTS	16		/* credit returns once window / this is owed */
 
 /* Frame types. Unknown types are skipped once the handshake is done. */
 enum mux_frame_type {
@@ -354,8 +355,9 @@ bool mux_reset(struct mux_session *s, uint32_t id, uint32_t code);
 bool mux_resume(struct mux_session *s, uint32_t id);
 /*
  * n bytes received on stream id were written onward: credit returns to the
- * peer once half a window is owed. Ignored for unknown ids: a stream's
- * outstanding bytes are credited to the session when it closes.
+ * peer once a sixteenth of a window is owed (MUX_CREDIT_PARTS). Ignored for
+ * unknown ids: a stream's outstanding bytes are credited to the session
+ * when it closes.
  */
 void mux_stream_consumed(struct mux_session *s, uint32_t id, size_t n);
 
