@@ -51,16 +51,48 @@ struct lk_runtime *rt = &runtime;
 
 #define NOFILE_SLACK 64		/* listeners, log file, DNS, plugins' own connections */
 
-/* Server connections the [databases] entries may open: forced-user entries once, others per auth_file user. */
-static long pool_fds(const struct lk_config *cf, int users)
+/* One pool's most servers, pool_size plus reserve_pool_size, as pool.c sizes it: the
+ * user's [users] value, else the database's, else the global one. uc may be NULL. */
+static long pool_fds_one(const struct lk_config *cf, const struct db_conf *d, const struct user_conf *uc)
+{
+	long size = uc && uc->pool_size >= 0 ? uc->pool_size :
+		    d->pool_size >= 0 ? d->pool_size : cf->default_pool_size;
+	long reserve = uc && uc->reserve_pool_size >= 0 ? uc->reserve_pool_size :
+		       d->reserve_pool_size >= 0 ? d->reserve_pool_size : cf->reserve_pool_size;
+	return size + reserve;
+}
+
+/*
+ * Server connections the [databases] entries may open: forced-user entries
+ * once, others once per user (auth_file users and [users] entries; with
+ * all_users false, one user with the database's sizes).
+ */
+static long pool_fds(const struct lk_config *cf, bool all_users)
 {
 	long n = 0;
 
 	for (int i = 0; i < cf->n_dbs; i++) {
 		const struct db_conf *d = &cf->dbs[i];
-		long size = (d->pool_size >= 0 ? d->pool_size : cf->default_pool_size) +
-			    (d->reserve_pool_size >= 0 ? d->reserve_pool_size : cf->reserve_pool_size);
-		n += d->user ? size : size * users;
+		int counted = 0;
+
+		if (d->user) {
+			n += pool_fds_one(cf, d, config_find_user(cf, d->user));
+			continue;
+		}
+		if (!all_users) {
+			n += pool_fds_one(cf, d, NULL);
+			continue;
+		}
+		for (int a = 0; a < cf->n_auth; a++, counted++)
+			n += pool_fds_one(cf, d, config_find_user(cf, cf->auth[a].user));
+		for (int u = 0; u < cf->n_users; u++) {
+			if (config_find_auth(cf, cf->users[u].name))
+				continue;	/* counted above */
+			n += pool_fds_one(cf, d, &cf->users[u]);
+			counted++;
+		}
+		if (counted == 0)
+			n += pool_fds_one(cf, d, NULL);
 	}
 	return n;
 }
@@ -69,14 +101,15 @@ static long pool_fds(const struct lk_config *cf, int users)
  * Raise the soft RLIMIT_NOFILE towards what max_client_conn and the pools may
  * need, up to the hard limit, so that a default max_client_conn of 1000 works
  * under a shell's soft limit of 1024. The estimate counts the pools once per
- * auth_file user, as PgBouncer's does; only falling short of one pool per
+ * user, as PgBouncer's does, with each user's [users] pool_size and
+ * reserve_pool_size; only falling short of one pool per
  * database (the least a full max_client_conn needs) is a warning.
  */
 void runtime_raise_nofile(void)
 {
 	const struct lk_config *cf = rt->cf;
-	long need_min = cf->max_client_conn + NOFILE_SLACK + pool_fds(cf, 1);
-	long need = cf->max_client_conn + NOFILE_SLACK + pool_fds(cf, cf->n_auth > 1 ? cf->n_auth : 1);
+	long need_min = cf->max_client_conn + NOFILE_SLACK + pool_fds(cf, false);
+	long need = cf->max_client_conn + NOFILE_SLACK + pool_fds(cf, true);
 	struct rlimit lim;
 
 	if (getrlimit(RLIMIT_NOFILE, &lim) != 0) {
