@@ -1004,6 +1004,23 @@ const struct user_conf *config_find_user(const struct lk_config *cf, const char 
 	return NULL;
 }
 
+/* A pool's sizes as pool.c applies them: the user's [users] value, else the entry's, else the global one. */
+int config_pool_size(const struct lk_config *cf, const struct db_conf *dc, const char *user)
+{
+	const struct user_conf *uc = config_find_user(cf, user);
+	if (uc && uc->pool_size >= 0)
+		return uc->pool_size;
+	return dc->pool_size >= 0 ? dc->pool_size : cf->default_pool_size;
+}
+
+int config_reserve_pool_size(const struct lk_config *cf, const struct db_conf *dc, const char *user)
+{
+	const struct user_conf *uc = config_find_user(cf, user);
+	if (uc && uc->reserve_pool_size >= 0)
+		return uc->reserve_pool_size;
+	return dc->reserve_pool_size >= 0 ? dc->reserve_pool_size : cf->reserve_pool_size;
+}
+
 const struct auth_entry *config_find_auth(const struct lk_config *cf, const char *user)
 {
 	for (int i = 0; cf && user && i < cf->n_auth; i++) {

@@ -254,6 +254,9 @@ bool config_parse_value(const struct cf_setting *s, const char *value, void *out
 const struct db_conf *config_find_db(const struct lk_config *cf, const char *name);	/* exact name */
 const struct user_conf *config_find_user(const struct lk_config *cf, const char *name);
 const struct auth_entry *config_find_auth(const struct lk_config *cf, const char *user);
+/* A pool's pool_size and reserve_pool_size: the user's [users] value, else dc's, else the global one (user may be NULL). */
+int config_pool_size(const struct lk_config *cf, const struct db_conf *dc, const char *user);
+int config_reserve_pool_size(const struct lk_config *cf, const struct db_conf *dc, const char *user);
 const struct peer_conf *config_find_peer(const struct lk_config *cf, int id);
 
 /* A file setting as a path (relative to the ini file's directory); malloc'ed, NULL on OOM. */

@@ -51,15 +51,10 @@ struct lk_runtime *rt = &runtime;
 
 #define NOFILE_SLACK 64		/* listeners, log file, DNS, plugins' own connections */
 
-/* One pool's most servers, pool_size plus reserve_pool_size, as pool.c sizes it: the
- * user's [users] value, else the database's, else the global one. uc may be NULL. */
-static long pool_fds_one(const struct lk_config *cf, const struct db_conf *d, const struct user_conf *uc)
+/* One pool's most servers: its pool_size plus reserve_pool_size (user NULL: the entry's). */
+static long pool_fds_one(const struct lk_config *cf, const struct db_conf *d, const char *user)
 {
-	long size = uc && uc->pool_size >= 0 ? uc->pool_size :
-		    d->pool_size >= 0 ? d->pool_size : cf->default_pool_size;
-	long reserve = uc && uc->reserve_pool_size >= 0 ? uc->reserve_pool_size :
-		       d->reserve_pool_size >= 0 ? d->reserve_pool_size : cf->reserve_pool_size;
-	return size + reserve;
+	return (long)config_pool_size(cf, d, user) + config_reserve_pool_size(cf, d, user);
 }
 
 /*
@@ -76,7 +71,7 @@ static long pool_fds(const struct lk_config *cf, bool all_users)
 		int counted = 0;
 
 		if (d->user) {
-			n += pool_fds_one(cf, d, config_find_user(cf, d->user));
+			n += pool_fds_one(cf, d, d->user);
 			continue;
 		}
 		if (!all_users) {
@@ -84,11 +79,11 @@ static long pool_fds(const struct lk_config *cf, bool all_users)
 			continue;
 		}
 		for (int a = 0; a < cf->n_auth; a++, counted++)
-			n += pool_fds_one(cf, d, config_find_user(cf, cf->auth[a].user));
+			n += pool_fds_one(cf, d, cf->auth[a].user);
 		for (int u = 0; u < cf->n_users; u++) {
 			if (config_find_auth(cf, cf->users[u].name))
 				continue;	/* counted above */
-			n += pool_fds_one(cf, d, &cf->users[u]);
+			n += pool_fds_one(cf, d, cf->users[u].name);
 			counted++;
 		}
 		if (counted == 0)
