@@ -363,8 +363,8 @@ static const struct conn_key db_keys[] = {
 	  "query_wait_timeout for this database's clients (0 = wait forever); a [users] entry's value wins over it." },
 	{ "transport", KEY_STR, DB(transport), "tcp/unix",
 	  "Name of a plugin transport that opens this entry's server connections (see doc/plugins.md)." },
-	{ "site", KEY_STR, DB(host), "",
-	  "With transport=tunnel: the site whose agent carries this entry's connections (an alias of host)." },
+	{ "site", KEY_STR, DB(site), "",
+	  "With transport=tunnel: the site whose agent carries this entry's connections (an alias of host); refused without it." },
 	{ NULL, KEY_STR, 0, NULL, NULL }
 };
 
@@ -1350,6 +1350,16 @@ static bool load_database(struct loader *ld, const char *section, const char *ke
 	}
 	if (!conn_parse(ld, db_keys, &d, what, value))
 		goto fail;
+	if (d.site) {
+		/* without the tunnel transport, the site name would be taken as a server host name */
+		if (!d.transport || strcmp(d.transport, "tunnel") != 0) {
+			loader_fail(ld, "%s: site= needs transport=tunnel", what);
+			goto fail;
+		}
+		free(d.host);
+		d.host = d.site;
+		d.site = NULL;
+	}
 	i = entry_index(cf->dbs, cf->n_dbs, sizeof(*cf->dbs), d.name);
 	if (i < 0) {
 		grown = array_grow(cf->dbs, cf->n_dbs, sizeof(*cf->dbs));

@@ -73,6 +73,7 @@ struct db_conf {
 	char *timezone;
 	char *application_name;
 	char *transport;	/* plugin transport name, or NULL for TCP/unix */
+	char *site;		/* site= while loading (moved into host; only with transport=tunnel) */
 	usec_t server_lifetime;		/* 0 = the global setting */
 	usec_t query_wait_timeout;	/* -1 = the global setting; 0 = wait forever */
 	int line;		/* line in the ini file */
