@@ -770,6 +770,19 @@ bool runtime_setup_events(void)
 	return start_listeners();
 }
 
+/* For tests and fuzzers that drive the loop themselves: no janitor, stats timer or signal events. */
+void runtime_stop_background_events(void)
+{
+	event_del(rt->janitor);
+	event_del(rt->stats_timer);
+	event_del(rt->sig_hup);
+	event_del(rt->sig_term);
+	event_del(rt->sig_int);
+	event_del(rt->sig_quit);
+	event_del(rt->sig_usr1);
+	event_del(rt->sig_usr2);
+}
+
 void runtime_teardown(void)
 {
 	close_all_clients("57P01", "pooler is shutting down");
