@@ -12,6 +12,7 @@
 """
 
 import atexit
+import datetime
 import glob
 import math
 import os
@@ -769,3 +770,57 @@ def write_reports(reports, also=()):
     written += list(also)
     log("wrote " + ", ".join(str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
                              for p in written))
+
+
+def private_lokadb_copy(src, base):
+    """Copy the lokadb binary src into base (a `make` elsewhere may replace it
+    mid-run); returns (the copy's path, the report's description of src)."""
+    src = Path(src)
+    st = src.stat()
+    shown = f"./{src.relative_to(REPO)}" if src.is_relative_to(REPO) else str(src)
+    desc = (f"`{shown}` ({st.st_size} bytes, built "
+            f"{datetime.datetime.fromtimestamp(st.st_mtime, datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC)")
+    copy = str(Path(base) / "lokadb-bin")
+    shutil.copy2(src, copy)
+    return copy, desc
+
+
+# --------------------------------------------------------------------------
+# interleaved rounds
+# --------------------------------------------------------------------------
+
+def split_seconds(total, rounds):
+    base, extra = divmod(total, rounds)
+    return [base + (1 if i < extra else 0) for i in range(rounds)]
+
+
+def rotate(lst, n):
+    n %= len(lst)
+    return lst[n:] + lst[:n]
+
+
+def run_rounds(targets, idx, warmup, seconds, rounds, cells, run_one, down, prefix, log_round):
+    """One row: a warm-up run per target, then `rounds` measured rounds of
+    split_seconds(seconds, rounds), the targets in an order rotated from row
+    to row (idx) and round to round, so that no target always runs first (on
+    a cold cache) or last.
+
+    run_one(target, seconds, logprefix, label) -> result or None (failed);
+    down(target): the target is down (its failed warm-up is not an error of
+    the cell); prefix(target, round): the pgbench log prefix; log_round(target,
+    round, result, sorted latencies) logs a measured round. Failures go to
+    cells[target].errors; later rounds skip a failed cell."""
+    if warmup > 0:
+        for t in rotate(targets, idx):
+            if run_one(t, warmup, None, "warm-up") is None and not down(t):
+                cells[t].errors.append("warm-up failed")
+    for r, secs in enumerate(split_seconds(seconds, rounds)):
+        for t in rotate(targets, idx + r):
+            if cells[t].errors:
+                continue
+            res = run_one(t, secs, str(prefix(t, r)), f"round {r + 1}/{rounds}")
+            if res is None:
+                cells[t].errors.append("run failed")
+                continue
+            cells[t].add(res)
+            log_round(t, r, res, sorted(res.latencies_us))

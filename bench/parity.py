@@ -34,7 +34,6 @@ doc/benchmarks.md, section "Parity". Python standard library only (and the
 openssl CLI for the certificate).
 """
 
-import datetime
 import os
 import re
 import shlex
@@ -200,13 +199,7 @@ class ParityBench:
         self.logdir = self.base / "pgbench-logs"
         self.logdir.mkdir()
         bl.log(f"parity: temp dir {self.base}")
-        src = Path(self.o.lokadb)
-        st = src.stat()
-        shown = f"./{src.relative_to(REPO)}" if src.is_relative_to(REPO) else str(src)
-        self.lokadb_src = (f"`{shown}` ({st.st_size} bytes, built "
-                           f"{datetime.datetime.fromtimestamp(st.st_mtime, datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC)")
-        self.lokadb_bin = str(self.base / "lokadb-bin")
-        shutil.copy2(src, self.lokadb_bin)
+        self.lokadb_bin, self.lokadb_src = bl.private_lokadb_copy(self.o.lokadb, self.base)
         self.make_cert()
         nowhere = self.base / "no-such-file"
         # libpq with sslmode=require checks the certificate when ~/.postgresql/root.crt
@@ -480,25 +473,14 @@ class ParityBench:
         if row.group == "reuseport":
             before = {k: self.xacts(self.poolers[k]) for t in row.targets
                       for k in TARGETS[t].kinds if k not in self.down}
-        if o.warmup > 0:
-            for t in R.rotate(row.targets, idx):
-                if self.run_one(t, row, o.warmup, None, "warm-up") is None \
-                        and not any(k in self.down for k in TARGETS[t].kinds):
-                    cells[t].errors.append("warm-up failed")
-        for r, secs in enumerate(R.split_seconds(o.seconds, o.rounds)):
-            for t in R.rotate(row.targets, idx + r):
-                if cells[t].errors:
-                    continue
-                prefix = self.logdir / f"{row.name}-{row.clients}-{t}-r{r}"
-                res = self.run_one(t, row, secs, str(prefix), f"round {r + 1}/{o.rounds}")
-                if res is None:
-                    cells[t].errors.append("run failed")
-                    continue
-                cells[t].add(res)
-                lat = sorted(res.latencies_us)
-                bl.log(f"   {row.key:22s} round {r + 1}/{o.rounds} {t:8s} {res.tps:10.0f} tps"
-                       f"  p50 {R.ms(bl.percentile(lat, 50))} ms"
-                       f"  p99 {R.ms(bl.percentile(lat, 99))} ms")
+        def log_round(t, r, res, lat):
+            bl.log(f"   {row.key:22s} round {r + 1}/{o.rounds} {t:8s} {res.tps:10.0f} tps"
+                   f"  p50 {R.ms(bl.percentile(lat, 50))} ms"
+                   f"  p99 {R.ms(bl.percentile(lat, 99))} ms")
+        bl.run_rounds(row.targets, idx, o.warmup, o.seconds, o.rounds, cells,
+                      lambda t, secs, prefix, label: self.run_one(t, row, secs, prefix, label),
+                      lambda t: any(k in self.down for k in TARGETS[t].kinds),
+                      lambda t, r: self.logdir / f"{row.name}-{row.clients}-{t}-r{r}", log_round)
         for t in row.targets:
             if any(k in self.down for k in TARGETS[t].kinds) and not cells[t].errors:
                 cells[t].errors.append("pooler down")

@@ -316,13 +316,7 @@ class RoutingBench:
         for f in SQL_DIR.glob("*.sql"):
             shutil.copy2(f, self.scripts / f.name)
         self.script_text = {w: (self.scripts / f"{w}.sql").read_text() for w in WORKLOADS}
-        src = Path(self.o.lokadb)
-        st = src.stat()
-        shown = f"./{src.relative_to(REPO)}" if src.is_relative_to(REPO) else str(src)
-        self.lokadb_src = (f"`{shown}` ({st.st_size} bytes, built "
-                           f"{datetime.datetime.fromtimestamp(st.st_mtime, datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC)")
-        self.lokadb_bin = str(self.base / "lokadb-bin")
-        shutil.copy2(src, self.lokadb_bin)
+        self.lokadb_bin, self.lokadb_src = bl.private_lokadb_copy(self.o.lokadb, self.base)
         self.plugin_dir = self.base / "plugins"
         self.plugin_dir.mkdir()
         self.plugin_src = []
@@ -585,33 +579,23 @@ class RoutingBench:
         w = self.layout_warmup(lay)
         if w > 0:
             bl.log(f"   layout warm-up: all four workloads, 32 clients, {w} s per target")
-            for t in rotate(self.targets, idx):
+            for t in bl.rotate(self.targets, idx):
                 self.run_one(t, lay, WORKLOADS, 32, w, None, "layout warm-up")
         for workload, clients in self.ro.rows:
             check_memory()
             self.sql("CHECKPOINT")
             cells = {t: self.R.Cell() for t in self.targets}
-            if o.warmup > 0:
-                for t in rotate(self.targets, idx):
-                    if self.run_one(t, lay, [workload], clients, o.warmup, None, "warm-up") is None \
-                            and t not in self.down:
-                        cells[t].errors.append("warm-up failed")
-            for r, secs in enumerate(self.R.split_seconds(o.seconds, o.rounds)):
-                for t in rotate(self.targets, idx + r):
-                    if cells[t].errors:
-                        continue
-                    prefix = self.logdir / f"{lay.kind}-{lay.n}-{workload}-{clients}-{t}-r{r}"
-                    res = self.run_one(t, lay, [workload], clients, secs, str(prefix),
-                                       f"round {r + 1}/{o.rounds}")
-                    if res is None:
-                        cells[t].errors.append("run failed")
-                        continue
-                    cells[t].add(res)
-                    lat = sorted(res.latencies_us)
-                    bl.log(f"   {lay.name:14s} {workload:6s} c={clients:<3d} round {r + 1}/{o.rounds} "
-                           f"{LABEL[t]:26s} {res.tps:9.0f} tps  p50 "
-                           f"{self.R.ms(bl.percentile(lat, 50))} ms  p99 "
-                           f"{self.R.ms(bl.percentile(lat, 99))} ms")
+            def log_round(t, r, res, lat):
+                bl.log(f"   {lay.name:14s} {workload:6s} c={clients:<3d} round {r + 1}/{o.rounds} "
+                       f"{LABEL[t]:26s} {res.tps:9.0f} tps  p50 "
+                       f"{self.R.ms(bl.percentile(lat, 50))} ms  p99 "
+                       f"{self.R.ms(bl.percentile(lat, 99))} ms")
+            bl.run_rounds(self.targets, idx, o.warmup, o.seconds, o.rounds, cells,
+                          lambda t, secs, prefix, label: self.run_one(t, lay, [workload], clients, secs,
+                                                                      prefix, label),
+                          lambda t: t in self.down,
+                          lambda t, r: self.logdir / f"{lay.kind}-{lay.n}-{workload}-{clients}-{t}-r{r}",
+                          log_round)
             for t in self.targets:
                 if t in self.down and not cells[t].errors:
                     cells[t].errors.append(f"{t} down")
@@ -725,11 +709,6 @@ def layout_warmup(ro, n):
     if ro.quick:
         return 1 + math.ceil(n / 1000)
     return 3 + math.ceil(n / 500)
-
-
-def rotate(lst, n):
-    n %= len(lst)
-    return lst[n:] + lst[:n]
 
 
 # --------------------------------------------------------------------------

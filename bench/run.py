@@ -67,7 +67,6 @@ import datetime
 import importlib.util
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -164,9 +163,7 @@ def select_rows(spec, only=None):
     return rows
 
 
-def split_seconds(total, rounds):
-    base, extra = divmod(total, rounds)
-    return [base + (1 if i < extra else 0) for i in range(rounds)]
+split_seconds = bl.split_seconds   # also for parity.py and routing_cost.py (R.split_seconds)
 
 
 def machine_info():
@@ -267,13 +264,7 @@ class Bench:
         self.script.write_text(UPDATE_SCRIPT)
         bl.log(f"temp dir {self.base}")
         # Run a private copy: a `make` elsewhere may replace ./lokadb mid-run.
-        src = Path(self.opts.lokadb)
-        st = src.stat()
-        shown = f"./{src.relative_to(REPO)}" if src.is_relative_to(REPO) else str(src)
-        self.lokadb_src = (f"`{shown}` ({st.st_size} bytes, built "
-                           f"{datetime.datetime.fromtimestamp(st.st_mtime, datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC)")
-        self.lokadb_bin = str(self.base / "lokadb-bin")
-        shutil.copy2(src, self.lokadb_bin)
+        self.lokadb_bin, self.lokadb_src = bl.private_lokadb_copy(self.opts.lokadb, self.base)
 
         self.pg = bl.Postgres(self.base, PG_SETTINGS)
         bl.log(f"initdb + start PostgreSQL on 127.0.0.1:{self.pg.port}")
@@ -416,28 +407,14 @@ class Bench:
                      "pgbench_history", dbname=DBNAME)
         self.pg.psql("CHECKPOINT")
         cells = {t: Cell() for t in targets}
-        # Rotate the order from row to row and round to round: no target always
-        # runs first (on a cold cache) or last.
-        if o.warmup > 0:
-            for t in rotate(targets, idx):
-                if self.run_one(t, scen, clients, o.warmup, None, "warm-up") is None \
-                        and t not in self.down:
-                    cells[t].errors.append("warm-up failed")
-        for r, secs in enumerate(split_seconds(o.seconds, o.rounds)):
-            for t in rotate(targets, idx + r):
-                if cells[t].errors:
-                    continue
-                prefix = self.logdir / f"{scen.name}-{clients}-{t}-r{r}"
-                res = self.run_one(t, scen, clients, secs, str(prefix),
-                                   f"round {r + 1}/{o.rounds}")
-                if res is None:
-                    cells[t].errors.append("run failed")
-                    continue
-                cells[t].add(res)
-                lat = sorted(res.latencies_us)
-                bl.log(f"   {scen.name:8s} c={clients:<3d} round {r + 1}/{o.rounds} "
-                       f"{t:14s} {res.tps:10.0f} tps  p50 {ms(bl.percentile(lat, 50))} ms"
-                       f"  p99 {ms(bl.percentile(lat, 99))} ms")
+        def log_round(t, r, res, lat):
+            bl.log(f"   {scen.name:8s} c={clients:<3d} round {r + 1}/{o.rounds} "
+                   f"{t:14s} {res.tps:10.0f} tps  p50 {ms(bl.percentile(lat, 50))} ms"
+                   f"  p99 {ms(bl.percentile(lat, 99))} ms")
+        bl.run_rounds(targets, idx, o.warmup, o.seconds, o.rounds, cells,
+                      lambda t, secs, prefix, label: self.run_one(t, scen, clients, secs, prefix, label),
+                      lambda t: t in self.down,
+                      lambda t, r: self.logdir / f"{scen.name}-{clients}-{t}-r{r}", log_round)
         for t in targets:
             if t in self.down and not cells[t].errors:
                 cells[t].errors.append(f"{t} down")
@@ -445,9 +422,7 @@ class Bench:
         return cells
 
 
-def rotate(lst, n):
-    n %= len(lst)
-    return lst[n:] + lst[:n]
+rotate = bl.rotate
 
 
 def ms(us, digits=3):
