@@ -620,6 +620,20 @@ PG_SETTINGS = {
 NOTABLE_LOG_LINE = re.compile(r"\b(warning|error|fatal|panic|assert|sanitizer|segv)", re.I)
 
 
+def idle_cpu(poolers, seconds=2.0):
+    """Cores each pooler uses while nothing runs (over `seconds`): an idle
+    pooler should use no CPU, so busy loops show before measuring. Poolers
+    whose CPU time is unreadable are left out."""
+    c0 = {k: p.cpu_seconds() for k, p in poolers.items()}
+    time.sleep(seconds)
+    out = {}
+    for k, p in poolers.items():
+        c1 = p.cpu_seconds()
+        if c0[k] is not None and c1 is not None:
+            out[k] = (c1 - c0[k]) / seconds
+    return out
+
+
 def stop_and_read_pooler_logs(poolers):
     """Stop the poolers (so shutdown messages are logged); for each, the count
     of its log and stderr lines and the lines besides routine ones."""

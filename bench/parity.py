@@ -40,7 +40,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import benchlib as bl
@@ -298,12 +297,7 @@ class ParityBench:
             except RuntimeError as e:
                 self.mark_down(kind, None, f"{kind} did not start: {e}", None)
         up = [p for p in started if p.kind not in self.down]
-        c0 = {p.kind: p.cpu_seconds() for p in up}
-        time.sleep(2.0)
-        for p in up:
-            c1 = p.cpu_seconds()
-            if c0[p.kind] is not None and c1 is not None:
-                self.idle_cpu[p.kind] = (c1 - c0[p.kind]) / 2.0
+        self.idle_cpu.update(bl.idle_cpu({p.kind: p for p in up}))
         bl.log("parity: idle CPU: " + ", ".join(f"{k} {self.idle_cpu[k] * 100:.0f}%"
                                                 for k in (p.kind for p in up)
                                                 if k in self.idle_cpu))

@@ -355,13 +355,7 @@ class RoutingBench:
         for t in self.targets:
             if t != "off" and t not in self.down:
                 self.check_plugins(t)
-        up = {t: self.poolers[t] for t in self.targets if t not in self.down}
-        c0 = {t: p.cpu_seconds() for t, p in up.items()}
-        time.sleep(2.0)
-        for t, p in up.items():
-            c1 = p.cpu_seconds()
-            if c0[t] is not None and c1 is not None:
-                self.idle_cpu[t] = (c1 - c0[t]) / 2.0
+        self.idle_cpu.update(bl.idle_cpu({t: self.poolers[t] for t in self.targets if t not in self.down}))
         bl.log("idle CPU: " + ", ".join(f"{LABEL[t]} {v * 100:.0f}%" for t, v in self.idle_cpu.items()))
 
     def plugin_settings(self, affinity=None):

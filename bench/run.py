@@ -69,7 +69,6 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.dont_write_bytecode = True   # keep bench/ free of __pycache__
@@ -309,14 +308,7 @@ class Bench:
         if "plugin" in self.opts.suites:
             self.check_plugins()
         # An idle pooler should use no CPU: catch busy loops before measuring.
-        self.idle_cpu = {}
-        up = {k: p for k, p in self.poolers.items() if k not in self.down}
-        c0 = {k: p.cpu_seconds() for k, p in up.items()}
-        time.sleep(2.0)
-        for k, p in up.items():
-            c1 = p.cpu_seconds()
-            if c0[k] is not None and c1 is not None:
-                self.idle_cpu[k] = (c1 - c0[k]) / 2.0
+        self.idle_cpu = bl.idle_cpu({k: p for k, p in self.poolers.items() if k not in self.down})
         bl.log("idle CPU: " + ", ".join(f"{k} {v * 100:.0f}%" for k, v in self.idle_cpu.items()))
 
     def check_plugins(self):
