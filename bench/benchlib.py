@@ -9,6 +9,9 @@
   ini, log and pidfile, and its admin console.
 * pgbench runs, their summary output, and percentiles from the
   per-transaction logs (`--log`, latency in microseconds is column 3).
+* Suite plumbing shared by run.py, parity.py, routing_cost.py and site.py:
+  interleaved rounds, idle CPU, abort handling, report header facts, error
+  and pooler log sections, output paths, charts, writing the reports.
 """
 
 import atexit
