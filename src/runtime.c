@@ -51,43 +51,59 @@ struct lk_runtime *rt = &runtime;
 
 #define NOFILE_SLACK 64		/* listeners, log file, DNS, plugins' own connections */
 
-/* One pool's most servers: its pool_size plus reserve_pool_size (user NULL: the entry's). */
-static long pool_fds_one(const struct lk_config *cf, const struct db_conf *d, const char *user)
+/* The users pools are made for: each auth_file user and each [users] entry; with their own sizes summed. */
+struct fd_users {
+	long n;				/* users (at least 1: a user with the entries' sizes) */
+	long n_size, sum_size;		/* users whose [users] entry sets pool_size, and its sum */
+	long n_reserve, sum_reserve;	/* the same for reserve_pool_size */
+};
+
+static void fd_users_add(struct fd_users *fu, const struct user_conf *uc)
 {
-	return (long)config_pool_size(cf, d, user) + config_reserve_pool_size(cf, d, user);
+	fu->n++;
+	if (uc && uc->pool_size >= 0) {
+		fu->n_size++;
+		fu->sum_size += uc->pool_size;
+	}
+	if (uc && uc->reserve_pool_size >= 0) {
+		fu->n_reserve++;
+		fu->sum_reserve += uc->reserve_pool_size;
+	}
+}
+
+static struct fd_users fd_users_of(const struct lk_config *cf)
+{
+	struct fd_users fu = { 0 };
+
+	for (int a = 0; a < cf->n_auth; a++)
+		fd_users_add(&fu, config_find_user(cf, cf->auth[a].user));
+	for (int u = 0; u < cf->n_users; u++)
+		if (!config_find_auth(cf, cf->users[u].name))	/* else counted above */
+			fd_users_add(&fu, &cf->users[u]);
+	if (fu.n == 0)
+		fd_users_add(&fu, NULL);
+	return fu;
 }
 
 /*
- * Server connections the [databases] entries may open: forced-user entries
- * once, others once per user (auth_file users and [users] entries; with
- * all_users false, one user with the database's sizes).
+ * Server connections the [databases] entries may open, pool_size plus
+ * reserve_pool_size per pool as pool.c sizes them: forced-user entries once,
+ * others once per user (all_users false: for one user with the entry's sizes).
  */
 static long pool_fds(const struct lk_config *cf, bool all_users)
 {
+	struct fd_users fu = all_users ? fd_users_of(cf) : (struct fd_users){ .n = 1 };
 	long n = 0;
 
 	for (int i = 0; i < cf->n_dbs; i++) {
 		const struct db_conf *d = &cf->dbs[i];
-		int counted = 0;
 
 		if (d->user) {
-			n += pool_fds_one(cf, d, d->user);
+			n += (long)config_pool_size(cf, d, d->user) + config_reserve_pool_size(cf, d, d->user);
 			continue;
 		}
-		if (!all_users) {
-			n += pool_fds_one(cf, d, NULL);
-			continue;
-		}
-		for (int a = 0; a < cf->n_auth; a++, counted++)
-			n += pool_fds_one(cf, d, cf->auth[a].user);
-		for (int u = 0; u < cf->n_users; u++) {
-			if (config_find_auth(cf, cf->users[u].name))
-				continue;	/* counted above */
-			n += pool_fds_one(cf, d, cf->users[u].name);
-			counted++;
-		}
-		if (counted == 0)
-			n += pool_fds_one(cf, d, NULL);
+		n += (fu.n - fu.n_size) * config_pool_size(cf, d, NULL) + fu.sum_size;
+		n += (fu.n - fu.n_reserve) * config_reserve_pool_size(cf, d, NULL) + fu.sum_reserve;
 	}
 	return n;
 }
