@@ -9,14 +9,19 @@
   ini, log and pidfile, and its admin console.
 * pgbench runs, their summary output, and percentiles from the
   per-transaction logs (`--log`, latency in microseconds is column 3).
+* Suite plumbing shared by run.py, parity.py, routing_cost.py and site.py:
+  interleaved rounds, idle CPU, abort handling, report header facts, error
+  and pooler log sections, output paths, charts, writing the reports.
 """
 
 import atexit
+import datetime
 import glob
 import math
 import os
 import pwd
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -172,6 +177,17 @@ def client_env(extra=None):
     env["PGGSSENCMODE"] = "disable"
     env.update(extra or {})
     return env
+
+
+def env_int(name, default, minimum=0):
+    """The integer in environment variable name (default when unset or empty);
+    exits with a message when it is not an integer >= minimum."""
+    v = os.environ.get(name, "").strip()
+    if not v:
+        return default
+    if not v.isdigit() or int(v) < minimum:
+        sys.exit(f"{name} must be an integer >= {minimum}, not {v!r}")
+    return int(v)
 
 
 def make_tempdir(prefix):
@@ -585,3 +601,243 @@ def percentile(sorted_vals, p):
         return None
     k = max(1, math.ceil(p / 100.0 * len(sorted_vals)))
     return sorted_vals[min(k, len(sorted_vals)) - 1]
+
+
+# --------------------------------------------------------------------------
+# suite plumbing: what every suite does around its measurements
+# --------------------------------------------------------------------------
+
+# PostgreSQL settings of the benchmark clusters (a suite may start from these).
+PG_SETTINGS = {
+    "max_connections": "300",
+    "shared_buffers": "256MB",
+    "fsync": "off",
+    "synchronous_commit": "off",
+    # Keep checkpoints out of the measured runs (an explicit CHECKPOINT runs
+    # before every row instead).
+    "max_wal_size": "4GB",
+    "checkpoint_timeout": "30min",
+    "log_min_messages": "warning",
+}
+
+NOTABLE_LOG_LINE = re.compile(r"\b(warning|error|fatal|panic|assert|sanitizer|segv)", re.I)
+
+
+def idle_cpu(poolers, seconds=2.0):
+    """Cores each pooler uses while nothing runs (over `seconds`): an idle
+    pooler should use no CPU, so busy loops show before measuring. Poolers
+    whose CPU time is unreadable are left out."""
+    c0 = {k: p.cpu_seconds() for k, p in poolers.items()}
+    time.sleep(seconds)
+    out = {}
+    for k, p in poolers.items():
+        c1 = p.cpu_seconds()
+        if c0[k] is not None and c1 is not None:
+            out[k] = (c1 - c0[k]) / seconds
+    return out
+
+
+def stop_and_read_pooler_logs(poolers):
+    """Stop the poolers (so shutdown messages are logged); for each, the count
+    of its log and stderr lines and the lines besides routine ones."""
+    logs = {}
+    for kind, p in poolers.items():
+        p.stop()
+        lines = []
+        for path in (p.logfile, p.stderr_path):
+            try:
+                lines += path.read_text(errors="replace").splitlines()
+            except OSError:
+                pass
+        logs[kind] = (len(lines), [x for x in lines if NOTABLE_LOG_LINE.search(x)])
+    return logs
+
+
+def error_entry(target, row, msg, res=None, pooler=None, cmd_prefix="", show=str):
+    """An error of a run for a report's Errors section: the pgbench command and
+    the end of its output (res), the pooler's state and log tails (pooler)."""
+    err = {"target": target, "row": row, "message": msg}
+    if res is not None:
+        err["cmd"] = cmd_prefix + show(" ".join(shlex.quote(a) for a in res.cmd))
+        err["output"] = show("\n".join(res.output.strip().splitlines()[-25:]))
+    if pooler is not None:
+        err["process"] = pooler.exit_info() if pooler.popen is not None else f"{pooler.kind} not running"
+        err["log"] = tail(pooler.logfile, 40)
+        err["stderr"] = tail(pooler.stderr_path, 20)
+    return err
+
+
+def shutdown_errors(poolers):
+    """Error entries for the poolers that SIGTERM did not stop within 10 s."""
+    return [{"target": kind, "row": "shutdown",
+             "message": f"{p.kind} did not exit within 10 s of SIGTERM (killed)",
+             "log": tail(p.logfile, 20)}
+            for kind, p in poolers.items() if getattr(p, "stopped_cleanly", True) is False]
+
+
+def error_lines(errors, show=str, label=str, blank_before=True):
+    """The "## Errors" section of a report (nothing without errors); show()
+    turns each text into what the report prints (e.g. shown_path), label()
+    each target into its name."""
+    L = []
+    if errors:
+        if blank_before:
+            L.append("")
+        L.append("## Errors")
+        for e in errors:
+            L.append("")
+            L.append(f"- {label(e['target'])} {e['row'] or ''}: {show(e['message'])}")
+            for key in ("cmd", "process"):
+                if e.get(key):
+                    L.append(f"  - {key}: `{show(e[key])}`")
+            for key in ("output", "log", "stderr"):
+                if e.get(key):
+                    L.append(f"  - {key}:")
+                    L.append("")
+                    L.append("    ```")
+                    L.extend("    " + show(x) for x in e[key].splitlines())
+                    L.append("    ```")
+    return L
+
+
+def pooler_log_lines(logs, label):
+    """What the poolers' logs said (logs: (kind, (lines, notable lines)) pairs),
+    for a report; label(kind) names the pooler."""
+    L = []
+    if logs:
+        L.append("Pooler logs (log_connections, log_disconnections and log_stats off): " + "; ".join(
+            f"{label(k)} {n} line(s), {len(bad)} warning/error line(s)" for k, (n, bad) in logs))
+        for k, (n, bad) in logs:
+            if bad:
+                L += ["", f"{label(k)} warnings/errors (first 10):", "", "```"] + bad[:10] + ["```"]
+        L.append("")
+    return L
+
+
+def output_paths(o, now, name, results, ext=".md", only_one=False):
+    """Where a suite's report (ext ".md") or chart goes: --output as given when
+    it is the only report, else NAME added to its stem; without --output,
+    RESULTS/NAME-quick or RESULTS/NAME plus a dated copy."""
+    if o.output:
+        out = Path(o.output)
+        if only_one:
+            return [out.with_suffix(ext) if ext != ".md" else out]
+        suffix = (out.suffix or ".md") if ext == ".md" else ext
+        return [out.with_name(f"{out.stem}-{name}{suffix}")]
+    if o.quick:
+        return [results / f"{name}-quick{ext}"]
+    return [results / f"{name}{ext}", results / f"{name}-{now.strftime('%Y%m%d')}{ext}"]
+
+
+def run_bench(bench, what, steps, tail_lines=30):
+    """Run steps() (setup and measurements) with the suites' failure handling.
+
+    Returns (130, None) after Ctrl-C/SIGTERM (everything already cleaned up),
+    (None, exception) when the run aborted (logged, with the poolers' log
+    tails; the caller decides what is left to report), else (None, None)."""
+    try:
+        steps()
+    except KeyboardInterrupt:
+        log("interrupted; stopping everything")
+        cleanup()
+        return 130, None
+    except Exception as e:  # noqa: BLE001 -- report what there is, clean up, fail
+        log(f"{what} aborted: {e}")
+        for p in bench.poolers.values():
+            log(f"--- {p.kind} log tail ---\n{tail(p.logfile, tail_lines)}")
+        return None, e
+    return None, None
+
+
+def report_meta(R, now, load_before, versions):
+    """The header facts of a report: load, date, versions, command line, machine."""
+    meta = {"load_before": f"{load_before:.2f}", "load_after": f"{os.getloadavg()[0]:.2f}",
+            "date": now.strftime("%Y-%m-%d %H:%M UTC"), "versions": versions,
+            "command": R.command_line()}
+    meta["nproc"], meta["model"], meta["mem"], meta["kernel"] = R.machine_info()
+    return meta
+
+
+def draw_chart(draw, pngs, notes):
+    """draw(png) makes the chart (None, or why it could not); it is copied to
+    the other paths of pngs. Returns the chart's file name, or None with the
+    reason added to notes."""
+    try:
+        why = draw(pngs[0])
+    except (OSError, subprocess.SubprocessError) as e:
+        why = f"gnuplot failed: {e}"
+    if why:
+        notes.append(f"no chart: {why}")
+        return None
+    for p in pngs[1:]:
+        shutil.copy2(pngs[0], p)
+    return pngs[0].name
+
+
+def write_reports(reports, also=()):
+    """reports: (text, paths) pairs. Writes each text to its paths, prints it,
+    and logs every file written (also: files written before, e.g. charts)."""
+    written = []
+    for text, paths in reports:
+        for p in paths:
+            p.write_text(text)
+            written.append(p)
+        print()
+        print(text)
+    written += list(also)
+    log("wrote " + ", ".join(str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
+                             for p in written))
+
+
+def private_lokadb_copy(src, base):
+    """Copy the lokadb binary src into base (a `make` elsewhere may replace it
+    mid-run); returns (the copy's path, the report's description of src)."""
+    src = Path(src)
+    st = src.stat()
+    shown = f"./{src.relative_to(REPO)}" if src.is_relative_to(REPO) else str(src)
+    desc = (f"`{shown}` ({st.st_size} bytes, built "
+            f"{datetime.datetime.fromtimestamp(st.st_mtime, datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC)")
+    copy = str(Path(base) / "lokadb-bin")
+    shutil.copy2(src, copy)
+    return copy, desc
+
+
+# --------------------------------------------------------------------------
+# interleaved rounds
+# --------------------------------------------------------------------------
+
+def split_seconds(total, rounds):
+    base, extra = divmod(total, rounds)
+    return [base + (1 if i < extra else 0) for i in range(rounds)]
+
+
+def rotate(lst, n):
+    n %= len(lst)
+    return lst[n:] + lst[:n]
+
+
+def run_rounds(targets, idx, warmup, seconds, rounds, cells, run_one, down, prefix, log_round):
+    """One row: a warm-up run per target, then `rounds` measured rounds of
+    split_seconds(seconds, rounds), the targets in an order rotated from row
+    to row (idx) and round to round, so that no target always runs first (on
+    a cold cache) or last.
+
+    run_one(target, seconds, logprefix, label) -> result or None (failed);
+    down(target): the target is down (its failed warm-up is not an error of
+    the cell); prefix(target, round): the pgbench log prefix; log_round(target,
+    round, result, sorted latencies) logs a measured round. Failures go to
+    cells[target].errors; later rounds skip a failed cell."""
+    if warmup > 0:
+        for t in rotate(targets, idx):
+            if run_one(t, warmup, None, "warm-up") is None and not down(t):
+                cells[t].errors.append("warm-up failed")
+    for r, secs in enumerate(split_seconds(seconds, rounds)):
+        for t in rotate(targets, idx + r):
+            if cells[t].errors:
+                continue
+            res = run_one(t, secs, str(prefix(t, r)), f"round {r + 1}/{rounds}")
+            if res is None:
+                cells[t].errors.append("run failed")
+                continue
+            cells[t].add(res)
+            log_round(t, r, res, sorted(res.latencies_us))

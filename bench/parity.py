@@ -34,14 +34,12 @@ doc/benchmarks.md, section "Parity". Python standard library only (and the
 openssl CLI for the certificate).
 """
 
-import datetime
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import benchlib as bl
@@ -200,13 +198,7 @@ class ParityBench:
         self.logdir = self.base / "pgbench-logs"
         self.logdir.mkdir()
         bl.log(f"parity: temp dir {self.base}")
-        src = Path(self.o.lokadb)
-        st = src.stat()
-        shown = f"./{src.relative_to(REPO)}" if src.is_relative_to(REPO) else str(src)
-        self.lokadb_src = (f"`{shown}` ({st.st_size} bytes, built "
-                           f"{datetime.datetime.fromtimestamp(st.st_mtime, datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC)")
-        self.lokadb_bin = str(self.base / "lokadb-bin")
-        shutil.copy2(src, self.lokadb_bin)
+        self.lokadb_bin, self.lokadb_src = bl.private_lokadb_copy(self.o.lokadb, self.base)
         self.make_cert()
         nowhere = self.base / "no-such-file"
         # libpq with sslmode=require checks the certificate when ~/.postgresql/root.crt
@@ -305,12 +297,7 @@ class ParityBench:
             except RuntimeError as e:
                 self.mark_down(kind, None, f"{kind} did not start: {e}", None)
         up = [p for p in started if p.kind not in self.down]
-        c0 = {p.kind: p.cpu_seconds() for p in up}
-        time.sleep(2.0)
-        for p in up:
-            c1 = p.cpu_seconds()
-            if c0[p.kind] is not None and c1 is not None:
-                self.idle_cpu[p.kind] = (c1 - c0[p.kind]) / 2.0
+        self.idle_cpu.update(bl.idle_cpu({p.kind: p for p in up}))
         bl.log("parity: idle CPU: " + ", ".join(f"{k} {self.idle_cpu[k] * 100:.0f}%"
                                                 for k in (p.kind for p in up)
                                                 if k in self.idle_cpu))
@@ -319,26 +306,15 @@ class ParityBench:
     def stop_group(self, started):
         """Stop a group's processes (so shutdown messages are logged) and keep
         what their logs say besides routine lines."""
+        logs = bl.stop_and_read_pooler_logs({p.kind: p for p in started})
         for p in started:
-            p.stop()
-            lines = []
-            for path in (p.logfile, p.stderr_path):
-                try:
-                    lines += path.read_text(errors="replace").splitlines()
-                except OSError:
-                    pass
-            notable = [x for x in lines if re.search(r"\b(warning|error|fatal|panic|"
-                                                     r"assert|sanitizer|segv)", x, re.I)]
+            n, notable = logs[p.kind]
             # The TLS check's plaintext client is refused on purpose.
             own = [x for x in notable if p.kind in self.plaintext_checked
                    and re.search(r"SSL required", x)]
             notable = [x for x in notable if x not in own]
-            self.pooler_logs[p.kind] = (len(lines), notable, len(own))
-            if getattr(p, "stopped_cleanly", True) is False:
-                self.errors.append({"target": p.kind, "row": "shutdown",
-                                    "message": f"{p.kind} did not exit within 10 s of "
-                                               f"SIGTERM (killed)",
-                                    "log": bl.tail(p.logfile, 20)})
+            self.pooler_logs[p.kind] = (n, notable, len(own))
+        self.errors += bl.shutdown_errors({p.kind: p for p in started})
 
     # -------------------------------------------------------------- checks
 
@@ -440,17 +416,9 @@ class ParityBench:
         self.record_error(kind, row, msg, res)
 
     def record_error(self, kind, row, msg, res, target=None):
-        err = {"target": target or kind, "row": row, "message": msg}
-        if res is not None:
-            env = "PGSSLMODE=require " if target in TARGETS and TARGETS[target].tls else ""
-            err["cmd"] = env + bl.shown_path(" ".join(shlex.quote(a) for a in res.cmd))
-            err["output"] = bl.shown_path("\n".join(res.output.strip().splitlines()[-25:]))
-        if kind in self.poolers:
-            p = self.poolers[kind]
-            err["process"] = p.exit_info() if p.popen is not None else f"{kind} not running"
-            err["log"] = bl.tail(p.logfile, 40)
-            err["stderr"] = bl.tail(p.stderr_path, 20)
-        self.errors.append(err)
+        env = "PGSSLMODE=require " if target in TARGETS and TARGETS[target].tls else ""
+        self.errors.append(bl.error_entry(target or kind, row, msg, res, self.poolers.get(kind),
+                                          cmd_prefix=env, show=bl.shown_path))
         bl.log(f"ERROR {target or kind} {row or ''}: {msg}")
 
     def pgbench_args(self, row, t):
@@ -499,25 +467,14 @@ class ParityBench:
         if row.group == "reuseport":
             before = {k: self.xacts(self.poolers[k]) for t in row.targets
                       for k in TARGETS[t].kinds if k not in self.down}
-        if o.warmup > 0:
-            for t in R.rotate(row.targets, idx):
-                if self.run_one(t, row, o.warmup, None, "warm-up") is None \
-                        and not any(k in self.down for k in TARGETS[t].kinds):
-                    cells[t].errors.append("warm-up failed")
-        for r, secs in enumerate(R.split_seconds(o.seconds, o.rounds)):
-            for t in R.rotate(row.targets, idx + r):
-                if cells[t].errors:
-                    continue
-                prefix = self.logdir / f"{row.name}-{row.clients}-{t}-r{r}"
-                res = self.run_one(t, row, secs, str(prefix), f"round {r + 1}/{o.rounds}")
-                if res is None:
-                    cells[t].errors.append("run failed")
-                    continue
-                cells[t].add(res)
-                lat = sorted(res.latencies_us)
-                bl.log(f"   {row.key:22s} round {r + 1}/{o.rounds} {t:8s} {res.tps:10.0f} tps"
-                       f"  p50 {R.ms(bl.percentile(lat, 50))} ms"
-                       f"  p99 {R.ms(bl.percentile(lat, 99))} ms")
+        def log_round(t, r, res, lat):
+            bl.log(f"   {row.key:22s} round {r + 1}/{o.rounds} {t:8s} {res.tps:10.0f} tps"
+                   f"  p50 {R.ms(bl.percentile(lat, 50))} ms"
+                   f"  p99 {R.ms(bl.percentile(lat, 99))} ms")
+        bl.run_rounds(row.targets, idx, o.warmup, o.seconds, o.rounds, cells,
+                      lambda t, secs, prefix, label: self.run_one(t, row, secs, prefix, label),
+                      lambda t: any(k in self.down for k in TARGETS[t].kinds),
+                      lambda t, r: self.logdir / f"{row.name}-{row.clients}-{t}-r{r}", log_round)
         for t in row.targets:
             if any(k in self.down for k in TARGETS[t].kinds) and not cells[t].errors:
                 cells[t].errors.append("pooler down")
@@ -860,22 +817,7 @@ def render(bench, meta):
             L.append(f"- {row.title}, {row.clients}, {t.label}: `{env}pgbench -h 127.0.0.1 "
                      f"-p PORT -U postgres -n -T SECONDS "
                      f"{' '.join(bench.pgbench_args(row, t))} {R.DBNAME}`")
-    if bench.errors:
-        L.append("")
-        L.append("## Errors")
-        for e in bench.errors:
-            L.append("")
-            L.append(f"- {e['target']} {e['row'] or ''}: {bl.shown_path(e['message'])}")
-            for key in ("cmd", "process"):
-                if e.get(key):
-                    L.append(f"  - {key}: `{bl.shown_path(e[key])}`")
-            for key in ("output", "log", "stderr"):
-                if e.get(key):
-                    L.append(f"  - {key}:")
-                    L.append("")
-                    L.append("    ```")
-                    L.extend("    " + bl.shown_path(x) for x in e[key].splitlines())
-                    L.append("    ```")
+    L += bl.error_lines(bench.errors, bl.shown_path)
     return "\n".join(L) + "\n"
 
 
@@ -890,17 +832,6 @@ def estimate(o):
     return int(runs * (po.seconds + po.warmup + 1) + groups * 5)
 
 
-def output_paths(o, now, only_one):
-    if o.output:
-        out = Path(o.output)
-        if only_one:
-            return [out]
-        return [out.with_name(f"{out.stem}-{NAME}{out.suffix or '.md'}")]
-    if o.quick:
-        return [RESULTS / f"{NAME}-quick.md"]
-    return [RESULTS / f"{NAME}.md", RESULTS / f"{NAME}-{now.strftime('%Y%m%d')}.md"]
-
-
 def run_suite(o, R, now, only_one):
     """Run the parity suite; returns (exit status, report lines of targets)."""
     po = o.parity
@@ -910,44 +841,31 @@ def run_suite(o, R, now, only_one):
            f"{po.seconds} s each ({po.rounds} round(s)) + {po.warmup} s warm-up; "
            f"about {est // 60} min {est % 60} s plus setup")
     bench = ParityBench(o, R)
-    versions = None
-    try:
-        bench.setup()
-        versions = bench.versions()
-        bench.run()
-    except KeyboardInterrupt:
-        bl.log("interrupted; stopping everything")
-        bl.cleanup()
-        return 130, []
-    except Exception as e:  # noqa: BLE001 -- report what there is, clean up, fail
-        bl.log(f"parity aborted: {e}")
-        for p in bench.poolers.values():
-            bl.log(f"--- {p.kind} log tail ---\n{bl.tail(p.logfile, 30)}")
+    versions = {}
+
+    def steps():
+        try:
+            bench.setup()
+            versions.update(bench.versions())
+            bench.run()
+        finally:
+            for p in bench.poolers.values():
+                if p.popen is not None:
+                    p.stop()
+    rc, err = bl.run_bench(bench, "parity", steps)
+    if rc is not None:
+        return rc, []
+    if err is not None:
         if not bench.results:
             bl.cleanup()
             return 2, []
-        bench.errors.append({"target": "-", "row": "aborted", "message": str(e)})
-    finally:
-        for p in bench.poolers.values():
-            if p.popen is not None:
-                p.stop()
+        bench.errors.append({"target": "-", "row": "aborted", "message": str(err)})
     bl.cleanup()
-    meta = {"load_before": f"{load_before:.2f}", "load_after": f"{os.getloadavg()[0]:.2f}",
-            "date": now.strftime("%Y-%m-%d %H:%M UTC"), "versions": versions or {
-                "postgres": "?", "pgbench": "?", "pgbouncer": "?", "lokadb": "?",
-                "openssl": "?"},
-            "command": R.command_line()}
-    meta["nproc"], meta["model"], meta["mem"], meta["kernel"] = R.machine_info()
+    meta = bl.report_meta(R, now, load_before, versions or {
+        "postgres": "?", "pgbench": "?", "pgbouncer": "?", "lokadb": "?", "openssl": "?"})
     text = render(bench, meta)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    written = []
-    for p in output_paths(o, now, only_one):
-        p.write_text(text)
-        written.append(p)
-    print()
-    print(text)
-    bl.log("wrote " + ", ".join(str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
-                                for p in written))
+    bl.write_reports([(text, bl.output_paths(o, now, NAME, RESULTS, only_one=only_one))])
     lines = targets_lines(bench)
     if bench.errors:
         return 1, lines

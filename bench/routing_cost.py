@@ -36,8 +36,6 @@ section "Routing cost". Python standard library only (gnuplot for the chart).
 import datetime
 import math
 import os
-import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -129,15 +127,6 @@ def _env_list(name, default):
     return sorted(set(out))
 
 
-def _env_int(name, default, minimum=0):
-    v = os.environ.get(name, "").strip()
-    if not v:
-        return default
-    if not v.isdigit() or int(v) < minimum:
-        sys.exit(f"{name} must be an integer >= {minimum}, not {v!r}")
-    return int(v)
-
-
 class Options:
     """The routing suite's settings (environment, see doc/benchmarks.md)."""
 
@@ -146,7 +135,7 @@ class Options:
         self.default = _env_list("BENCH_ROUTING_DEFAULT_ORGS", QUICK_ORGS if o.quick else DEFAULT_ORGS)
         if not self.iso and not self.default:
             sys.exit("BENCH_ROUTING_ORGS and BENCH_ROUTING_DEFAULT_ORGS choose no layout")
-        self.docs = _env_int("BENCH_ROUTING_DOCS", QUICK_DOCS if o.quick else DOCS, 1)
+        self.docs = bl.env_int("BENCH_ROUTING_DOCS", QUICK_DOCS if o.quick else DOCS, 1)
         most = max(self.iso + self.default)
         if self.docs < most:
             sys.exit(f"BENCH_ROUTING_DOCS ({self.docs}) must be at least the largest number of "
@@ -172,7 +161,7 @@ class Options:
             self.warmup = 0
         self.rounds = max(1, min(o.rounds, self.seconds))
         self.quick = o.quick
-        self.pool_size = _env_int("BENCH_ROUTING_POOL_SIZE", POOL_SIZE, 1)
+        self.pool_size = bl.env_int("BENCH_ROUTING_POOL_SIZE", POOL_SIZE, 1)
 
     @staticmethod
     def _rows(spec):
@@ -327,13 +316,7 @@ class RoutingBench:
         for f in SQL_DIR.glob("*.sql"):
             shutil.copy2(f, self.scripts / f.name)
         self.script_text = {w: (self.scripts / f"{w}.sql").read_text() for w in WORKLOADS}
-        src = Path(self.o.lokadb)
-        st = src.stat()
-        shown = f"./{src.relative_to(REPO)}" if src.is_relative_to(REPO) else str(src)
-        self.lokadb_src = (f"`{shown}` ({st.st_size} bytes, built "
-                           f"{datetime.datetime.fromtimestamp(st.st_mtime, datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC)")
-        self.lokadb_bin = str(self.base / "lokadb-bin")
-        shutil.copy2(src, self.lokadb_bin)
+        self.lokadb_bin, self.lokadb_src = bl.private_lokadb_copy(self.o.lokadb, self.base)
         self.plugin_dir = self.base / "plugins"
         self.plugin_dir.mkdir()
         self.plugin_src = []
@@ -372,13 +355,7 @@ class RoutingBench:
         for t in self.targets:
             if t != "off" and t not in self.down:
                 self.check_plugins(t)
-        up = {t: self.poolers[t] for t in self.targets if t not in self.down}
-        c0 = {t: p.cpu_seconds() for t, p in up.items()}
-        time.sleep(2.0)
-        for t, p in up.items():
-            c1 = p.cpu_seconds()
-            if c0[t] is not None and c1 is not None:
-                self.idle_cpu[t] = (c1 - c0[t]) / 2.0
+        self.idle_cpu.update(bl.idle_cpu({t: self.poolers[t] for t in self.targets if t not in self.down}))
         bl.log("idle CPU: " + ", ".join(f"{LABEL[t]} {v * 100:.0f}%" for t, v in self.idle_cpu.items()))
 
     def plugin_settings(self, affinity=None):
@@ -487,16 +464,7 @@ class RoutingBench:
         self.record_error(t, row, msg, res)
 
     def record_error(self, t, row, msg, res):
-        err = {"target": t, "row": row, "message": msg}
-        if res is not None:
-            err["cmd"] = " ".join(shlex.quote(a) for a in res.cmd)
-            err["output"] = "\n".join(res.output.strip().splitlines()[-25:])
-        p = self.poolers.get(t)
-        if p is not None:
-            err["process"] = p.exit_info() if p.popen is not None else f"{p.kind} not running"
-            err["log"] = bl.tail(p.logfile, 40)
-            err["stderr"] = bl.tail(p.stderr_path, 20)
-        self.errors.append(err)
+        self.errors.append(bl.error_entry(t, row, msg, res, self.poolers.get(t)))
         bl.log(f"ERROR {LABEL.get(t, t)} {row or ''}: {msg}")
 
     # ---------------------------------------------------------------- layouts
@@ -605,33 +573,23 @@ class RoutingBench:
         w = self.layout_warmup(lay)
         if w > 0:
             bl.log(f"   layout warm-up: all four workloads, 32 clients, {w} s per target")
-            for t in rotate(self.targets, idx):
+            for t in bl.rotate(self.targets, idx):
                 self.run_one(t, lay, WORKLOADS, 32, w, None, "layout warm-up")
         for workload, clients in self.ro.rows:
             check_memory()
             self.sql("CHECKPOINT")
             cells = {t: self.R.Cell() for t in self.targets}
-            if o.warmup > 0:
-                for t in rotate(self.targets, idx):
-                    if self.run_one(t, lay, [workload], clients, o.warmup, None, "warm-up") is None \
-                            and t not in self.down:
-                        cells[t].errors.append("warm-up failed")
-            for r, secs in enumerate(self.R.split_seconds(o.seconds, o.rounds)):
-                for t in rotate(self.targets, idx + r):
-                    if cells[t].errors:
-                        continue
-                    prefix = self.logdir / f"{lay.kind}-{lay.n}-{workload}-{clients}-{t}-r{r}"
-                    res = self.run_one(t, lay, [workload], clients, secs, str(prefix),
-                                       f"round {r + 1}/{o.rounds}")
-                    if res is None:
-                        cells[t].errors.append("run failed")
-                        continue
-                    cells[t].add(res)
-                    lat = sorted(res.latencies_us)
-                    bl.log(f"   {lay.name:14s} {workload:6s} c={clients:<3d} round {r + 1}/{o.rounds} "
-                           f"{LABEL[t]:26s} {res.tps:9.0f} tps  p50 "
-                           f"{self.R.ms(bl.percentile(lat, 50))} ms  p99 "
-                           f"{self.R.ms(bl.percentile(lat, 99))} ms")
+            def log_round(t, r, res, lat):
+                bl.log(f"   {lay.name:14s} {workload:6s} c={clients:<3d} round {r + 1}/{o.rounds} "
+                       f"{LABEL[t]:26s} {res.tps:9.0f} tps  p50 "
+                       f"{self.R.ms(bl.percentile(lat, 50))} ms  p99 "
+                       f"{self.R.ms(bl.percentile(lat, 99))} ms")
+            bl.run_rounds(self.targets, idx, o.warmup, o.seconds, o.rounds, cells,
+                          lambda t, secs, prefix, label: self.run_one(t, lay, [workload], clients, secs,
+                                                                      prefix, label),
+                          lambda t: t in self.down,
+                          lambda t, r: self.logdir / f"{lay.kind}-{lay.n}-{workload}-{clients}-{t}-r{r}",
+                          log_round)
             for t in self.targets:
                 if t in self.down and not cells[t].errors:
                     cells[t].errors.append(f"{t} down")
@@ -658,18 +616,7 @@ class RoutingBench:
             idx = self.run_layout(lay, idx)
 
     def stop_poolers_and_read_logs(self):
-        self.pooler_logs = {}
-        for t, p in self.poolers.items():
-            p.stop()
-            lines = []
-            for path in (p.logfile, p.stderr_path):
-                try:
-                    lines += path.read_text(errors="replace").splitlines()
-                except OSError:
-                    pass
-            notable = [x for x in lines if re.search(r"\b(warning|error|fatal|panic|"
-                                                     r"assert|sanitizer|segv)", x, re.I)]
-            self.pooler_logs[t] = (len(lines), notable)
+        self.pooler_logs = bl.stop_and_read_pooler_logs(self.poolers)
 
     def versions(self):
         pgv = self.pg.psql("SHOW server_version")
@@ -756,11 +703,6 @@ def layout_warmup(ro, n):
     if ro.quick:
         return 1 + math.ceil(n / 1000)
     return 3 + math.ceil(n / 500)
-
-
-def rotate(lst, n):
-    n %= len(lst)
-    return lst[n:] + lst[:n]
 
 
 # --------------------------------------------------------------------------
@@ -1024,14 +966,8 @@ def render(bench, meta, chart_name):
                  f"workload and client count; solid lines: every organization in its own "
                  f"partition, dashed: every organization in DEFAULT.")
         L.append("")
-    logs = getattr(bench, "pooler_logs", None) or {}
-    if logs:
-        L.append("Pooler logs (log_connections, log_disconnections and log_stats off): " + "; ".join(
-            f"{LABEL[t]} {n} line(s), {len(bad)} warning/error line(s)" for t, (n, bad) in logs.items()))
-        for t, (n, bad) in logs.items():
-            if bad:
-                L += ["", f"{LABEL[t]} warnings/errors (first 10):", "", "```"] + bad[:10] + ["```"]
-        L.append("")
+    L += bl.pooler_log_lines(list((getattr(bench, "pooler_logs", None) or {}).items()),
+                             lambda t: LABEL[t])
     L.append("Targets (issue 4):")
     L.append("")
     for line in targets_lines(bench):
@@ -1049,19 +985,7 @@ def render(bench, meta, chart_name):
         if any(w == x for x, _ in bench.ro.rows):
             L += [f"bench/routing/{w}.sql:", "", "```",
                   bench.script_text[w].rstrip(), "```", ""]
-    errs = bench.errors
-    if errs:
-        L.append("## Errors")
-        for e in errs:
-            L.append("")
-            L.append(f"- {LABEL.get(e['target'], e['target'])} {e['row'] or ''}: {e['message']}")
-            for key in ("cmd", "process"):
-                if e.get(key):
-                    L.append(f"  - {key}: `{e[key]}`")
-            for key in ("output", "log", "stderr"):
-                if e.get(key):
-                    L += [f"  - {key}:", "", "    ```"] + ["    " + x for x in e[key].splitlines()] \
-                        + ["    ```"]
+    L += bl.error_lines(bench.errors, label=lambda t: LABEL.get(t, t), blank_before=False)
     return "\n".join(L) + "\n"
 
 
@@ -1179,17 +1103,6 @@ def estimate(o):
     return int(secs)
 
 
-def output_paths(o, now, only_one, ext):
-    if o.output:
-        out = Path(o.output)
-        if only_one:
-            return [out.with_suffix(ext) if ext != ".md" else out]
-        return [out.with_name(f"{out.stem}-{NAME}{ext}")]
-    if o.quick:
-        return [RESULTS / f"{NAME}-quick{ext}"]
-    return [RESULTS / f"{NAME}{ext}", RESULTS / f"{NAME}-{now.strftime('%Y%m%d')}{ext}"]
-
-
 def run_suite(o, R, now, only_one):
     """Run the routing cost suite; returns (exit status, report lines of targets)."""
     ro = o.routing
@@ -1199,64 +1112,37 @@ def run_suite(o, R, now, only_one):
            f"{len(ro.rows)} row(s) x up to 3 targets, {ro.seconds} s each ({ro.rounds} round(s)) + "
            f"{ro.warmup} s warm-up; about {est // 60} min {est % 60} s plus building the layouts")
     bench = RoutingBench(o, R)
-    versions = None
-    try:
+    versions = {}
+
+    def steps():
         bench.setup()
-        versions = bench.versions()
+        versions.update(bench.versions())
         bench.run()
         bench.stop_poolers_and_read_logs()
-    except KeyboardInterrupt:
-        bl.log("interrupted; stopping everything")
-        bl.cleanup()
-        return 130, []
-    except Exception as e:  # noqa: BLE001 -- report what there is, clean up, fail
-        bl.log(f"routing cost aborted: {e}")
-        for p in bench.poolers.values():
-            bl.log(f"--- {p.kind} log tail ---\n{bl.tail(p.logfile, 30)}")
+    rc, err = bl.run_bench(bench, "routing cost", steps)
+    if rc is not None:
+        return rc, []
+    if err is not None:
         if not bench.results:
             bl.cleanup()
             return 2, []
-        bench.errors.append({"target": "-", "row": "aborted", "message": str(e)})
+        bench.errors.append({"target": "-", "row": "aborted", "message": str(err)})
         try:
             bench.stop_poolers_and_read_logs()
         except Exception:  # noqa: BLE001
             pass
-    meta = {"load_before": f"{load_before:.2f}", "load_after": f"{os.getloadavg()[0]:.2f}",
-            "date": now.strftime("%Y-%m-%d %H:%M UTC"), "versions": versions or {
-                "postgres": "?", "pgbench": "?", "lokadb": "?"},
-            "command": R.command_line()}
-    meta["nproc"], meta["model"], meta["mem"], meta["kernel"] = R.machine_info()
-    for t, p in bench.poolers.items():
-        if getattr(p, "stopped_cleanly", True) is False:
-            bench.errors.append({"target": t, "row": "shutdown",
-                                 "message": f"{p.kind} did not exit within 10 s of SIGTERM (killed)",
-                                 "log": bl.tail(p.logfile, 20)})
+    meta = bl.report_meta(R, now, load_before, versions or {
+        "postgres": "?", "pgbench": "?", "lokadb": "?"})
+    bench.errors += bl.shutdown_errors(bench.poolers)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    pngs = output_paths(o, now, only_one, ".png")
-    try:
-        why = chart(bench, pngs[0], "Routing cost: tps by number of organizations"
-                    + (" (--quick)" if o.quick else ""))
-    except (OSError, subprocess.SubprocessError) as e:
-        why = f"gnuplot failed: {e}"
-    if why:
-        bench.notes.append(f"no chart: {why}")
-        chart_name = None
-    else:
-        for p in pngs[1:]:
-            shutil.copy2(pngs[0], p)
-        chart_name = pngs[0].name
+    pngs = bl.output_paths(o, now, NAME, RESULTS, ".png", only_one)
+    chart_name = bl.draw_chart(
+        lambda png: chart(bench, png, "Routing cost: tps by number of organizations"
+                          + (" (--quick)" if o.quick else "")), pngs, bench.notes)
     bl.cleanup()
     text = render(bench, meta, chart_name)
-    written = []
-    for p in output_paths(o, now, only_one, ".md"):
-        p.write_text(text)
-        written.append(p)
-    if chart_name:
-        written += pngs
-    print()
-    print(text)
-    bl.log("wrote " + ", ".join(str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
-                                for p in written))
+    bl.write_reports([(text, bl.output_paths(o, now, NAME, RESULTS, ".md", only_one))],
+                     also=pngs if chart_name else ())
     lines = targets_lines(bench)
     if bench.errors:
         return 1, lines

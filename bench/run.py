@@ -66,12 +66,9 @@ import argparse
 import datetime
 import importlib.util
 import os
-import re
 import shlex
-import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.dont_write_bytecode = True   # keep bench/ free of __pycache__
@@ -93,17 +90,7 @@ UPDATE_SCRIPT = """\\set aid random(1, 100000 * :scale)
 UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;
 """
 
-PG_SETTINGS = {
-    "max_connections": "300",
-    "shared_buffers": "256MB",
-    "fsync": "off",
-    "synchronous_commit": "off",
-    # Keep checkpoints out of the measured runs (an explicit CHECKPOINT runs
-    # before every row instead).
-    "max_wal_size": "4GB",
-    "checkpoint_timeout": "30min",
-    "log_min_messages": "warning",
-}
+PG_SETTINGS = bl.PG_SETTINGS
 
 TARGETS = ["direct", "pgbouncer", "lokadb"]               # cloud overhead
 # plugin overhead: lokadb_control is an A/A control, a second lokadb process
@@ -150,19 +137,6 @@ SCENARIOS = [
 ]
 
 
-def env_int(name, default):
-    v = os.environ.get(name, "").strip()
-    if not v:
-        return default
-    try:
-        n = int(v)
-    except ValueError:
-        sys.exit(f"{name} must be an integer, not {v!r}")
-    if n < 0:
-        sys.exit(f"{name} must not be negative")
-    return n
-
-
 def select_rows(spec, only=None):
     """[(scenario, clients)] chosen by BENCH_SCENARIOS ("" = all); only: the
     scenario names this benchmark has (None = all)."""
@@ -188,9 +162,7 @@ def select_rows(spec, only=None):
     return rows
 
 
-def split_seconds(total, rounds):
-    base, extra = divmod(total, rounds)
-    return [base + (1 if i < extra else 0) for i in range(rounds)]
+split_seconds = bl.split_seconds   # also for parity.py and routing_cost.py (R.split_seconds)
 
 
 def machine_info():
@@ -291,13 +263,7 @@ class Bench:
         self.script.write_text(UPDATE_SCRIPT)
         bl.log(f"temp dir {self.base}")
         # Run a private copy: a `make` elsewhere may replace ./lokadb mid-run.
-        src = Path(self.opts.lokadb)
-        st = src.stat()
-        shown = f"./{src.relative_to(REPO)}" if src.is_relative_to(REPO) else str(src)
-        self.lokadb_src = (f"`{shown}` ({st.st_size} bytes, built "
-                           f"{datetime.datetime.fromtimestamp(st.st_mtime, datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC)")
-        self.lokadb_bin = str(self.base / "lokadb-bin")
-        shutil.copy2(src, self.lokadb_bin)
+        self.lokadb_bin, self.lokadb_src = bl.private_lokadb_copy(self.opts.lokadb, self.base)
 
         self.pg = bl.Postgres(self.base, PG_SETTINGS)
         bl.log(f"initdb + start PostgreSQL on 127.0.0.1:{self.pg.port}")
@@ -342,14 +308,7 @@ class Bench:
         if "plugin" in self.opts.suites:
             self.check_plugins()
         # An idle pooler should use no CPU: catch busy loops before measuring.
-        self.idle_cpu = {}
-        up = {k: p for k, p in self.poolers.items() if k not in self.down}
-        c0 = {k: p.cpu_seconds() for k, p in up.items()}
-        time.sleep(2.0)
-        for k, p in up.items():
-            c1 = p.cpu_seconds()
-            if c0[k] is not None and c1 is not None:
-                self.idle_cpu[k] = (c1 - c0[k]) / 2.0
+        self.idle_cpu = bl.idle_cpu({k: p for k, p in self.poolers.items() if k not in self.down})
         bl.log("idle CPU: " + ", ".join(f"{k} {v * 100:.0f}%" for k, v in self.idle_cpu.items()))
 
     def check_plugins(self):
@@ -380,18 +339,7 @@ class Bench:
     def stop_poolers_and_read_logs(self):
         """Stop the poolers (so shutdown messages are logged) and keep what
         their logs say besides routine lines."""
-        self.pooler_logs = {}
-        for kind, p in self.poolers.items():
-            p.stop()
-            lines = []
-            for path in (p.logfile, p.stderr_path):
-                try:
-                    lines += path.read_text(errors="replace").splitlines()
-                except OSError:
-                    pass
-            notable = [x for x in lines if re.search(r"\b(warning|error|fatal|panic|"
-                                                     r"assert|sanitizer|segv)", x, re.I)]
-            self.pooler_logs[kind] = (len(lines), notable)
+        self.pooler_logs = bl.stop_and_read_pooler_logs(self.poolers)
 
     def versions(self):
         pgv = self.pg.psql("SHOW server_version")
@@ -411,16 +359,7 @@ class Bench:
         self.record_error(target, row, msg, res)
 
     def record_error(self, target, row, msg, res):
-        err = {"target": target, "row": row, "message": msg}
-        if res is not None:
-            err["cmd"] = " ".join(shlex.quote(a) for a in res.cmd)
-            err["output"] = "\n".join(res.output.strip().splitlines()[-25:])
-        if target in self.poolers:
-            p = self.poolers[target]
-            err["process"] = p.exit_info() if p.popen is not None else f"{target} not running"
-            err["log"] = bl.tail(p.logfile, 40)
-            err["stderr"] = bl.tail(p.stderr_path, 20)
-        self.errors.append(err)
+        self.errors.append(bl.error_entry(target, row, msg, res, self.poolers.get(target)))
         bl.log(f"ERROR {target} {row or ''}: {msg}")
 
     def pgbench_args(self, scen, clients):
@@ -460,28 +399,14 @@ class Bench:
                      "pgbench_history", dbname=DBNAME)
         self.pg.psql("CHECKPOINT")
         cells = {t: Cell() for t in targets}
-        # Rotate the order from row to row and round to round: no target always
-        # runs first (on a cold cache) or last.
-        if o.warmup > 0:
-            for t in rotate(targets, idx):
-                if self.run_one(t, scen, clients, o.warmup, None, "warm-up") is None \
-                        and t not in self.down:
-                    cells[t].errors.append("warm-up failed")
-        for r, secs in enumerate(split_seconds(o.seconds, o.rounds)):
-            for t in rotate(targets, idx + r):
-                if cells[t].errors:
-                    continue
-                prefix = self.logdir / f"{scen.name}-{clients}-{t}-r{r}"
-                res = self.run_one(t, scen, clients, secs, str(prefix),
-                                   f"round {r + 1}/{o.rounds}")
-                if res is None:
-                    cells[t].errors.append("run failed")
-                    continue
-                cells[t].add(res)
-                lat = sorted(res.latencies_us)
-                bl.log(f"   {scen.name:8s} c={clients:<3d} round {r + 1}/{o.rounds} "
-                       f"{t:14s} {res.tps:10.0f} tps  p50 {ms(bl.percentile(lat, 50))} ms"
-                       f"  p99 {ms(bl.percentile(lat, 99))} ms")
+        def log_round(t, r, res, lat):
+            bl.log(f"   {scen.name:8s} c={clients:<3d} round {r + 1}/{o.rounds} "
+                   f"{t:14s} {res.tps:10.0f} tps  p50 {ms(bl.percentile(lat, 50))} ms"
+                   f"  p99 {ms(bl.percentile(lat, 99))} ms")
+        bl.run_rounds(targets, idx, o.warmup, o.seconds, o.rounds, cells,
+                      lambda t, secs, prefix, label: self.run_one(t, scen, clients, secs, prefix, label),
+                      lambda t: t in self.down,
+                      lambda t, r: self.logdir / f"{scen.name}-{clients}-{t}-r{r}", log_round)
         for t in targets:
             if t in self.down and not cells[t].errors:
                 cells[t].errors.append(f"{t} down")
@@ -489,9 +414,7 @@ class Bench:
         return cells
 
 
-def rotate(lst, n):
-    n %= len(lst)
-    return lst[n:] + lst[:n]
+rotate = bl.rotate
 
 
 def ms(us, digits=3):
@@ -553,22 +476,8 @@ def header(bench, meta, title, kinds, setup):
 
 
 def pooler_log_lines(bench, kinds):
-    L = []
     logs = [(k, v) for k, v in (getattr(bench, "pooler_logs", None) or {}).items() if k in kinds]
-    if logs:
-        L.append("Pooler logs (log_connections, log_disconnections and log_stats off): " + "; ".join(
-            f"{TARGET_LABEL[k]} {n} line(s), {len(bad)} warning/error line(s)"
-            for k, (n, bad) in logs))
-        for k, (n, bad) in logs:
-            if bad:
-                L.append("")
-                L.append(f"{TARGET_LABEL[k]} warnings/errors (first 10):")
-                L.append("")
-                L.append("```")
-                L.extend(bad[:10])
-                L.append("```")
-        L.append("")
-    return L
+    return bl.pooler_log_lines(logs, lambda k: TARGET_LABEL[k])
 
 
 def command_lines(bench, results):
@@ -593,26 +502,17 @@ def command_lines(bench, results):
     return L
 
 
-def error_lines(bench, kinds):
-    errors = [e for e in bench.errors if e["target"] in kinds]
-    L = []
-    if errors:
-        L.append("")
-        L.append("## Errors")
-        for e in errors:
-            L.append("")
-            L.append(f"- {e['target']} {e['row'] or ''}: {e['message']}")
-            for key in ("cmd", "process"):
-                if e.get(key):
-                    L.append(f"  - {key}: `{e[key]}`")
-            for key in ("output", "log", "stderr"):
-                if e.get(key):
-                    L.append(f"  - {key}:")
-                    L.append("")
-                    L.append("    ```")
-                    L.extend("    " + x for x in e[key].splitlines())
-                    L.append("    ```")
-    return L
+def report_tail(bench, results, kinds, target_lines):
+    """The end of the cloud and plugin reports: logs, targets, commands, errors."""
+    L = [""] + pooler_log_lines(bench, kinds)
+    L.append("Targets:")
+    L.append("")
+    for line in target_lines:
+        L.append(f"- {line}")
+    L.append("")
+    L += command_lines(bench, results)
+    L += bl.error_lines([e for e in bench.errors if e["target"] in kinds])
+    return "\n".join(L) + "\n"
 
 
 def render(bench, results, meta):
@@ -651,16 +551,7 @@ def render(bench, results, meta):
         L.append(f"| {scen.title} | {clients} | {fmt_num(b.cpu_us_per_txn, '.1f')} "
                  f"| {fmt_num(k.cpu_us_per_txn, '.1f')} | {fmt_num(b.cores, '.2f')} "
                  f"| {fmt_num(k.cores, '.2f')} |")
-    L.append("")
-    L += pooler_log_lines(bench, TARGETS)
-    L.append("Targets:")
-    L.append("")
-    for line in targets(results):
-        L.append(f"- {line}")
-    L.append("")
-    L += command_lines(bench, results)
-    L += error_lines(bench, TARGETS)
-    return "\n".join(L) + "\n"
+    return "\n".join(L) + "\n" + report_tail(bench, results, TARGETS, targets(results))
 
 
 def fmt_num(x, fmt):
@@ -722,16 +613,7 @@ def render_plugin(bench, results, meta):
              "of 1.00 means no difference. The control columns are the noise: a "
              f"{N} column is only a cost where it is worse than the control column "
              "of the same row by more than the control's own spread.")
-    L.append("")
-    L += pooler_log_lines(bench, PLUGIN_TARGETS)
-    L.append("Targets:")
-    L.append("")
-    for line in plugin_targets(results):
-        L.append(f"- {line}")
-    L.append("")
-    L += command_lines(bench, results)
-    L += error_lines(bench, PLUGIN_TARGETS)
-    return "\n".join(L) + "\n"
+    return "\n".join(L) + "\n" + report_tail(bench, results, PLUGIN_TARGETS, plugin_targets(results))
 
 
 def plugin_targets(results):
@@ -862,13 +744,13 @@ def parse_args():
     ap.add_argument("--strict", action="store_true",
                     help="exit with status 3 when a target fails")
     o = ap.parse_args()
-    o.seconds = env_int("BENCH_SECONDS", 3 if o.quick else 15)
+    o.seconds = bl.env_int("BENCH_SECONDS", 3 if o.quick else 15)
     if o.seconds < 1:
         sys.exit("BENCH_SECONDS must be at least 1")
-    o.rounds = env_int("BENCH_ROUNDS", 1 if (o.quick or o.seconds < 9) else 3)
+    o.rounds = bl.env_int("BENCH_ROUNDS", 1 if (o.quick or o.seconds < 9) else 3)
     o.rounds = max(1, min(o.rounds, o.seconds))
-    o.warmup = env_int("BENCH_WARMUP", 1 if o.quick else 3)
-    o.pool_size = env_int("BENCH_POOL_SIZE", 16)
+    o.warmup = bl.env_int("BENCH_WARMUP", 1 if o.quick else 3)
+    o.pool_size = bl.env_int("BENCH_POOL_SIZE", 16)
     o.lokadb = os.environ.get("BENCH_LOKADB") or str(REPO / "lokadb")
 
     suites_env = os.environ.get("BENCH_SUITES", "").strip()
@@ -898,24 +780,16 @@ def parse_args():
             o.suites.remove("plugin")
     if "plugin" not in o.suites:
         o.plugin_rows = []
-    if "parity" in o.suites:
-        why = parity.setup_options(o)
-        if why:
-            if suites_env:
-                sys.exit(f"parity: {why}")
-            bl.log(f"parity skipped: {why}")
-            o.suites.remove("parity")
-    if "routing" in o.suites:
-        why = routing_cost.setup_options(o)
-        if why:
-            if suites_env:
-                sys.exit(f"routing cost: {why}")
-            bl.log(f"routing cost skipped: {why}")
-            o.suites.remove("routing")
-    if "site" in o.suites:
-        why = site_suite.setup_options(o)
-        if why:
-            sys.exit(f"site: {why}")
+    # A suite that cannot run is skipped, unless BENCH_SUITES asked for it (site: always asked for).
+    for suite, title, module in (("parity", "parity", parity), ("routing", "routing cost", routing_cost),
+                                 ("site", "site", site_suite)):
+        if suite in o.suites:
+            why = module.setup_options(o)
+            if why:
+                if suites_env or suite == "site":
+                    sys.exit(f"{title}: {why}")
+                bl.log(f"{title} skipped: {why}")
+                o.suites.remove(suite)
     if not o.suites:
         sys.exit("nothing to run: BENCH_SUITES / BENCH_SCENARIOS chose no row")
     if not os.access(o.lokadb, os.X_OK):
@@ -931,14 +805,7 @@ def parse_args():
 
 def output_paths(o, now, name, only_one):
     """Where the report `name` ("cloud-overhead" or "plugin-overhead") goes."""
-    if o.output:
-        out = Path(o.output)
-        if only_one or name == "cloud-overhead":
-            return [out]
-        return [out.with_name(f"{out.stem}-{name}{out.suffix or '.md'}")]
-    if o.quick:
-        return [RESULTS / f"{name}-quick.md"]
-    return [RESULTS / f"{name}.md", RESULTS / f"{name}-{now.strftime('%Y%m%d')}.md"]
+    return bl.output_paths(o, now, name, RESULTS, only_one=only_one or name == "cloud-overhead")
 
 
 def main():
@@ -951,30 +818,16 @@ def main():
         if rc == 130:
             return rc
         status.append(rc)
-    if "parity" in o.suites:
-        # A cluster of its own (ssl = on), after cloud and plugin have
-        # stopped theirs.
-        only_one = not (o.rows or o.plugin_rows) and "routing" not in o.suites
-        rc, lines = parity.run_suite(o, sys.modules[__name__], now, only_one)
-        if rc == 130:
-            return rc
-        if rc == 0 and o.strict and any(x.startswith("**FAIL") for x in lines):
-            rc = 3
-        status.append(rc)
-    if "routing" in o.suites:
-        # A cluster of its own (settings for thousands of partitions), after
-        # the other suites have stopped theirs.
-        only_one = not (o.rows or o.plugin_rows or "parity" in o.suites)
-        rc, lines = routing_cost.run_suite(o, sys.modules[__name__], now, only_one)
-        if rc == 130:
-            return rc
-        if rc == 0 and o.strict and any(x.startswith("**FAIL") for x in lines):
-            rc = 3
-        status.append(rc)
-    if "site" in o.suites:
-        # Clusters of its own (cloud and site), after the other suites.
-        only_one = o.suites == ["site"]
-        rc, lines = site_suite.run_suite(o, sys.modules[__name__], now, only_one)
+    # Each of these suites has a cluster (or clusters) of its own, started
+    # after the suites before it have stopped theirs: parity (ssl = on),
+    # routing (settings for thousands of partitions), site (cloud and site).
+    for suite, module, only_one in (
+            ("parity", parity, not (o.rows or o.plugin_rows) and "routing" not in o.suites),
+            ("routing", routing_cost, not (o.rows or o.plugin_rows or "parity" in o.suites)),
+            ("site", site_suite, o.suites == ["site"])):
+        if suite not in o.suites:
+            continue
+        rc, lines = module.run_suite(o, sys.modules[__name__], now, only_one)
         if rc == 130:
             return rc
         if rc == 0 and o.strict and any(x.startswith("**FAIL") for x in lines):
@@ -988,7 +841,6 @@ def main():
 
 def run_cloud_plugin(o, now):
     """The cloud overhead and plugin overhead suites (one cluster, one run)."""
-    nproc, model, mem, kernel = machine_info()
     load_before = os.getloadavg()[0]
     runs = len(o.rows) * len(TARGETS) + len(o.plugin_rows) * len(PLUGIN_TARGETS)
     est = runs * (o.seconds + o.warmup + 1)
@@ -1000,9 +852,11 @@ def run_cloud_plugin(o, now):
            f"about {est // 60} min {est % 60} s plus setup")
     bench = Bench(o)
     results, plugin_results = [], []
-    try:
+    versions = {}
+
+    def steps():
         bench.setup()
-        versions = bench.versions()
+        versions.update(bench.versions())
         idx = 0
         for scen, clients in o.rows:
             results.append((scen, clients, bench.run_row(idx, scen, clients, TARGETS)))
@@ -1014,27 +868,15 @@ def run_cloud_plugin(o, now):
                                    bench.run_row(idx, scen, clients, PLUGIN_TARGETS)))
             idx += 1
         bench.stop_poolers_and_read_logs()
-    except KeyboardInterrupt:
-        bl.log("interrupted; stopping everything")
-        bl.cleanup()
-        return 130
-    except Exception as e:  # noqa: BLE001 -- report, clean up, fail
-        bl.log(f"benchmark aborted: {e}")
-        for p in bench.poolers.values():
-            bl.log(f"--- {p.kind} log tail ---\n{bl.tail(p.logfile, 30)}")
-        bl.cleanup()
+    rc, err = bl.run_bench(bench, "benchmark", steps)
+    bl.cleanup()
+    if rc is not None:
+        return rc
+    if err is not None:
         return 2
-    finally:
-        bl.cleanup()
 
-    meta = {"load_before": f"{load_before:.2f}", "load_after": f"{os.getloadavg()[0]:.2f}",
-            "date": now.strftime("%Y-%m-%d %H:%M UTC"), "nproc": nproc, "model": model,
-            "mem": mem, "kernel": kernel, "versions": versions, "command": command_line()}
-    for kind, p in bench.poolers.items():
-        if getattr(p, "stopped_cleanly", True) is False:
-            bench.errors.append({"target": kind, "row": "shutdown",
-                                 "message": f"{kind} did not exit within 10 s of SIGTERM "
-                                            f"(killed)", "log": bl.tail(p.logfile, 20)})
+    meta = bl.report_meta(sys.modules[__name__], now, load_before, versions)
+    bench.errors += bl.shutdown_errors(bench.poolers)
     reports = []
     only_one = len([s for s in o.suites if s in ("cloud", "plugin")]) == 1
     if "cloud" in o.suites:
@@ -1044,15 +886,7 @@ def run_cloud_plugin(o, now):
         reports.append(("plugin-overhead", render_plugin(bench, plugin_results, meta),
                         plugin_targets(plugin_results)))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, text, _ in reports:
-        for p in output_paths(o, now, name, only_one):
-            p.write_text(text)
-            written.append(p)
-        print()
-        print(text)
-    bl.log("wrote " + ", ".join(str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
-                                for p in written))
+    bl.write_reports([(text, output_paths(o, now, name, only_one)) for name, text, _ in reports])
     if bench.errors:
         return 1
     if o.strict and any(line.startswith("**FAIL") for _, _, lines in reports for line in lines):

@@ -79,15 +79,7 @@ STREAM_ORG = 90
 REAL_AGENTS = 10                       # memory: this count also with lokadb agent processes
 POOL_SIZE = 20                         # cloud lokadb pools (cloud db, and each site_rN)
 
-PG_SETTINGS = {
-    "max_connections": "300",
-    "shared_buffers": "256MB",
-    "fsync": "off",
-    "synchronous_commit": "off",
-    "max_wal_size": "4GB",
-    "checkpoint_timeout": "30min",
-    "log_min_messages": "warning",
-}
+PG_SETTINGS = bl.PG_SETTINGS
 
 READ_SQL = """\\set id random(1, :rows)
 BEGIN;
@@ -110,15 +102,6 @@ def _env_list(name, default, cast=float):
         return [cast(x) for x in v.split(",") if x.strip()]
     except ValueError:
         sys.exit(f"{name} must be a comma list of numbers, not {v!r}")
-
-
-def _env_int(name, default, minimum=1):
-    v = os.environ.get(name, "").strip()
-    if not v:
-        return default
-    if not v.isdigit() or int(v) < minimum:
-        sys.exit(f"{name} must be an integer >= {minimum}, not {v!r}")
-    return int(v)
 
 
 def token_of(site):
@@ -147,9 +130,9 @@ class Options:
         self.clients = _env_list("BENCH_SITE_CLIENTS", CLIENTS, int)
         self.clients_rtt = float(os.environ.get("BENCH_SITE_CLIENTS_RTT", "").strip() or CLIENTS_RTT)
         self.stream_rtt = float(os.environ.get("BENCH_SITE_STREAM_RTT", "").strip() or STREAM_RTT)
-        self.stream_mb = _env_int("BENCH_SITE_STREAM_MB", QUICK_STREAM_MB if o.quick else STREAM_MB)
-        self.seconds = _env_int("BENCH_SITE_SECONDS", 4 if o.quick else 20)
-        self.clients_seconds = _env_int("BENCH_SITE_CLIENTS_SECONDS", 8 if o.quick else 30)
+        self.stream_mb = bl.env_int("BENCH_SITE_STREAM_MB", QUICK_STREAM_MB if o.quick else STREAM_MB, 1)
+        self.seconds = bl.env_int("BENCH_SITE_SECONDS", 4 if o.quick else 20, 1)
+        self.clients_seconds = bl.env_int("BENCH_SITE_CLIENTS_SECONDS", 8 if o.quick else 30, 1)
         if "clients" in self.parts and self.clients_rtt not in self.rtts:
             self.rtts.append(self.clients_rtt)
         self.tools = Path(os.path.abspath(os.environ.get("LOKADB_TOOLS_DIR")
@@ -836,17 +819,6 @@ def chart(bench, png, title):
     return None
 
 
-def output_paths(o, now, only_one, ext):
-    if o.output:
-        out = Path(o.output)
-        if only_one:
-            return [out.with_suffix(ext) if ext != ".md" else out]
-        return [out.with_name(f"{out.stem}-{NAME}{ext}")]
-    if o.quick:
-        return [RESULTS / f"{NAME}-quick{ext}"]
-    return [RESULTS / f"{NAME}{ext}", RESULTS / f"{NAME}-{now.strftime('%Y%m%d')}{ext}"]
-
-
 def run_suite(o, R, now, only_one):
     """Run the site suite; returns (exit status, report lines of targets)."""
     load_before = os.getloadavg()[0]
@@ -855,49 +827,28 @@ def run_suite(o, R, now, only_one):
            f"agents {so.agents}; clients {so.clients} ({so.clients_seconds} s); windows "
            f"{so.windows} KiB at {so.stream_rtt:g} ms, {so.stream_mb} MB")
     bench = SiteBench(o, R)
-    versions = None
-    try:
+    versions = {}
+
+    def steps():
         bench.setup()
-        versions = bench.versions()
+        versions.update(bench.versions())
         bench.run()
-    except KeyboardInterrupt:
-        bl.log("interrupted; stopping everything")
-        bl.cleanup()
-        return 130, []
-    except Exception as e:  # noqa: BLE001 -- report what there is, clean up, fail
-        bl.log(f"site aborted: {e}")
-        for p in bench.poolers.values():
-            bl.log(f"--- {p.kind} log tail ---\n{bl.tail(p.logfile, 20)}")
-        bench.errors.append(f"aborted: {bl.shown_path(str(e))[:1000]}")
+    rc, err = bl.run_bench(bench, "site", steps, tail_lines=20)
+    if rc is not None:
+        return rc, []
+    if err is not None:
+        bench.errors.append(f"aborted: {bl.shown_path(str(err))[:1000]}")
         if not (bench.distance or bench.memory or bench.stream or bench.clients):
             bl.cleanup()
             return 2, []
-    meta = {"load_before": f"{load_before:.2f}", "load_after": f"{os.getloadavg()[0]:.2f}",
-            "date": now.strftime("%Y-%m-%d %H:%M UTC"), "command": R.command_line(),
-            "versions": versions or {"postgres": "?", "pgbench": "?", "lokadb": "?", "openssl": "?"}}
-    meta["nproc"], meta["model"], meta["mem"], meta["kernel"] = R.machine_info()
+    meta = bl.report_meta(R, now, load_before, versions or {
+        "postgres": "?", "pgbench": "?", "lokadb": "?", "openssl": "?"})
     RESULTS.mkdir(parents=True, exist_ok=True)
-    pngs = output_paths(o, now, only_one, ".png")
-    try:
-        why = chart(bench, pngs[0], "Sites" + (" (--quick)" if o.quick else ""))
-    except (OSError, subprocess.SubprocessError) as e:
-        why = f"gnuplot failed: {e}"
-    chart_name = None
-    if why:
-        bench.notes.append(f"no chart: {why}")
-    else:
-        for p in pngs[1:]:
-            shutil.copy2(pngs[0], p)
-        chart_name = pngs[0].name
+    pngs = bl.output_paths(o, now, NAME, RESULTS, ".png", only_one)
+    chart_name = bl.draw_chart(
+        lambda png: chart(bench, png, "Sites" + (" (--quick)" if o.quick else "")), pngs, bench.notes)
     bl.cleanup()
     text = render(bench, meta, chart_name)
-    written = []
-    for p in output_paths(o, now, only_one, ".md"):
-        p.write_text(text)
-        written.append(p)
-    print()
-    print(text)
-    bl.log("wrote " + ", ".join(str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
-                                for p in written))
+    bl.write_reports([(text, bl.output_paths(o, now, NAME, RESULTS, ".md", only_one))])
     lines = [x for x in text.splitlines() if x.startswith("**PASS") or x.startswith("**FAIL")]
     return (1 if bench.errors else 0), lines

@@ -363,8 +363,8 @@ static const struct conn_key db_keys[] = {
 	  "query_wait_timeout for this database's clients (0 = wait forever); a [users] entry's value wins over it." },
 	{ "transport", KEY_STR, DB(transport), "tcp/unix",
 	  "Name of a plugin transport that opens this entry's server connections (see doc/plugins.md)." },
-	{ "site", KEY_STR, DB(host), "",
-	  "With transport=tunnel: the site whose agent carries this entry's connections (an alias of host)." },
+	{ "site", KEY_STR, DB(site), "",
+	  "With transport=tunnel: the site whose agent carries this entry's connections (an alias of host); refused without it." },
 	{ NULL, KEY_STR, 0, NULL, NULL }
 };
 
@@ -1004,6 +1004,23 @@ const struct user_conf *config_find_user(const struct lk_config *cf, const char 
 	return NULL;
 }
 
+/* A pool's sizes as pool.c applies them: the user's [users] value, else the entry's, else the global one. */
+int config_pool_size(const struct lk_config *cf, const struct db_conf *dc, const char *user)
+{
+	const struct user_conf *uc = config_find_user(cf, user);
+	if (uc && uc->pool_size >= 0)
+		return uc->pool_size;
+	return dc->pool_size >= 0 ? dc->pool_size : cf->default_pool_size;
+}
+
+int config_reserve_pool_size(const struct lk_config *cf, const struct db_conf *dc, const char *user)
+{
+	const struct user_conf *uc = config_find_user(cf, user);
+	if (uc && uc->reserve_pool_size >= 0)
+		return uc->reserve_pool_size;
+	return dc->reserve_pool_size >= 0 ? dc->reserve_pool_size : cf->reserve_pool_size;
+}
+
 const struct auth_entry *config_find_auth(const struct lk_config *cf, const char *user)
 {
 	for (int i = 0; cf && user && i < cf->n_auth; i++) {
@@ -1333,6 +1350,16 @@ static bool load_database(struct loader *ld, const char *section, const char *ke
 	}
 	if (!conn_parse(ld, db_keys, &d, what, value))
 		goto fail;
+	if (d.site) {
+		/* without the tunnel transport, the site name would be taken as a server host name */
+		if (!d.transport || strcmp(d.transport, "tunnel") != 0) {
+			loader_fail(ld, "%s: site= needs transport=tunnel", what);
+			goto fail;
+		}
+		free(d.host);
+		d.host = d.site;
+		d.site = NULL;
+	}
 	i = entry_index(cf->dbs, cf->n_dbs, sizeof(*cf->dbs), d.name);
 	if (i < 0) {
 		grown = array_grow(cf->dbs, cf->n_dbs, sizeof(*cf->dbs));

@@ -73,6 +73,7 @@ struct db_conf {
 	char *timezone;
 	char *application_name;
 	char *transport;	/* plugin transport name, or NULL for TCP/unix */
+	char *site;		/* site= while loading (moved into host; only with transport=tunnel) */
 	usec_t server_lifetime;		/* 0 = the global setting */
 	usec_t query_wait_timeout;	/* -1 = the global setting; 0 = wait forever */
 	int line;		/* line in the ini file */
@@ -254,6 +255,9 @@ bool config_parse_value(const struct cf_setting *s, const char *value, void *out
 const struct db_conf *config_find_db(const struct lk_config *cf, const char *name);	/* exact name */
 const struct user_conf *config_find_user(const struct lk_config *cf, const char *name);
 const struct auth_entry *config_find_auth(const struct lk_config *cf, const char *user);
+/* A pool's pool_size and reserve_pool_size: the user's [users] value, else dc's, else the global one (user may be NULL). */
+int config_pool_size(const struct lk_config *cf, const struct db_conf *dc, const char *user);
+int config_reserve_pool_size(const struct lk_config *cf, const struct db_conf *dc, const char *user);
 const struct peer_conf *config_find_peer(const struct lk_config *cf, int id);
 
 /* A file setting as a path (relative to the ini file's directory); malloc'ed, NULL on OOM. */

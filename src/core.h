@@ -454,6 +454,7 @@ bool runtime_open_listeners(void);
 void runtime_apply_log_settings(void);
 void runtime_raise_nofile(void);
 bool runtime_setup_events(void);
+void runtime_stop_background_events(void);
 void runtime_teardown(void);
 bool lokadb_reload(char *err, size_t errlen);
 void lokadb_shutdown(enum shutdown_mode mode);

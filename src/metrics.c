@@ -167,8 +167,28 @@ static int pool_int(const struct pool *p, size_t off)
 	return off ? *(const int *)((const char *)p + off) : 0;
 }
 
+static const struct pool_size_metric {
+	const char *name, *help;
+	int (*size)(const struct lk_config *cf, const struct db_conf *dc, const char *user);
+} pool_size_metrics[] = {
+	{ "lokadb_pools_pool_size", "Server connections of the pool: the [users] pool_size, else the database's.",
+	  config_pool_size },
+	{ "lokadb_pools_reserve_pool_size",
+	  "Extra connections of the pool after reserve_pool_timeout: the [users] reserve_pool_size, else the database's.",
+	  config_reserve_pool_size },
+};
+
 static void write_pools(struct evbuffer *out)
 {
+	for (size_t i = 0; i < sizeof(pool_size_metrics) / sizeof(pool_size_metrics[0]); i++) {
+		const struct pool_size_metric *m = &pool_size_metrics[i];
+		struct pool *p;
+		family(out, m->name, false, m->help);
+		TAILQ_FOREACH(p, &rt->pools, entry) {
+			const char *labels[] = { "database", p->db->name, "user", p->user, NULL };
+			sample(out, m->name, labels, m->size(rt->cf, &p->db->conf, p->user));
+		}
+	}
 	for (size_t i = 0; i < sizeof(pool_metrics) / sizeof(pool_metrics[0]); i++) {
 		const struct pool_metric *m = &pool_metrics[i];
 		struct pool *p;

@@ -51,16 +51,59 @@ struct lk_runtime *rt = &runtime;
 
 #define NOFILE_SLACK 64		/* listeners, log file, DNS, plugins' own connections */
 
-/* Server connections the [databases] entries may open: forced-user entries once, others per auth_file user. */
-static long pool_fds(const struct lk_config *cf, int users)
+/* The users pools are made for: each auth_file user and each [users] entry; with their own sizes summed. */
+struct fd_users {
+	long n;				/* users (at least 1: a user with the entries' sizes) */
+	long n_size, sum_size;		/* users whose [users] entry sets pool_size, and its sum */
+	long n_reserve, sum_reserve;	/* the same for reserve_pool_size */
+};
+
+static void fd_users_add(struct fd_users *fu, const struct user_conf *uc)
 {
+	fu->n++;
+	if (uc && uc->pool_size >= 0) {
+		fu->n_size++;
+		fu->sum_size += uc->pool_size;
+	}
+	if (uc && uc->reserve_pool_size >= 0) {
+		fu->n_reserve++;
+		fu->sum_reserve += uc->reserve_pool_size;
+	}
+}
+
+static struct fd_users fd_users_of(const struct lk_config *cf)
+{
+	struct fd_users fu = { 0 };
+
+	for (int a = 0; a < cf->n_auth; a++)
+		fd_users_add(&fu, config_find_user(cf, cf->auth[a].user));
+	for (int u = 0; u < cf->n_users; u++)
+		if (!config_find_auth(cf, cf->users[u].name))	/* else counted above */
+			fd_users_add(&fu, &cf->users[u]);
+	if (fu.n == 0)
+		fd_users_add(&fu, NULL);
+	return fu;
+}
+
+/*
+ * Server connections the [databases] entries may open, pool_size plus
+ * reserve_pool_size per pool as pool.c sizes them: forced-user entries once,
+ * others once per user (all_users false: for one user with the entry's sizes).
+ */
+static long pool_fds(const struct lk_config *cf, bool all_users)
+{
+	struct fd_users fu = all_users ? fd_users_of(cf) : (struct fd_users){ .n = 1 };
 	long n = 0;
 
 	for (int i = 0; i < cf->n_dbs; i++) {
 		const struct db_conf *d = &cf->dbs[i];
-		long size = (d->pool_size >= 0 ? d->pool_size : cf->default_pool_size) +
-			    (d->reserve_pool_size >= 0 ? d->reserve_pool_size : cf->reserve_pool_size);
-		n += d->user ? size : size * users;
+
+		if (d->user) {
+			n += (long)config_pool_size(cf, d, d->user) + config_reserve_pool_size(cf, d, d->user);
+			continue;
+		}
+		n += (fu.n - fu.n_size) * config_pool_size(cf, d, NULL) + fu.sum_size;
+		n += (fu.n - fu.n_reserve) * config_reserve_pool_size(cf, d, NULL) + fu.sum_reserve;
 	}
 	return n;
 }
@@ -69,14 +112,15 @@ static long pool_fds(const struct lk_config *cf, int users)
  * Raise the soft RLIMIT_NOFILE towards what max_client_conn and the pools may
  * need, up to the hard limit, so that a default max_client_conn of 1000 works
  * under a shell's soft limit of 1024. The estimate counts the pools once per
- * auth_file user, as PgBouncer's does; only falling short of one pool per
+ * user, as PgBouncer's does, with each user's [users] pool_size and
+ * reserve_pool_size; only falling short of one pool per
  * database (the least a full max_client_conn needs) is a warning.
  */
 void runtime_raise_nofile(void)
 {
 	const struct lk_config *cf = rt->cf;
-	long need_min = cf->max_client_conn + NOFILE_SLACK + pool_fds(cf, 1);
-	long need = cf->max_client_conn + NOFILE_SLACK + pool_fds(cf, cf->n_auth > 1 ? cf->n_auth : 1);
+	long need_min = cf->max_client_conn + NOFILE_SLACK + pool_fds(cf, false);
+	long need = cf->max_client_conn + NOFILE_SLACK + pool_fds(cf, true);
 	struct rlimit lim;
 
 	if (getrlimit(RLIMIT_NOFILE, &lim) != 0) {
@@ -740,6 +784,19 @@ bool runtime_setup_events(void)
 	rt->sig_usr2 = add_signal(SIGUSR2);
 	signal(SIGPIPE, SIG_IGN);
 	return start_listeners();
+}
+
+/* For tests and fuzzers that drive the loop themselves: no janitor, stats timer or signal events. */
+void runtime_stop_background_events(void)
+{
+	event_del(rt->janitor);
+	event_del(rt->stats_timer);
+	event_del(rt->sig_hup);
+	event_del(rt->sig_term);
+	event_del(rt->sig_int);
+	event_del(rt->sig_quit);
+	event_del(rt->sig_usr1);
+	event_del(rt->sig_usr2);
 }
 
 void runtime_teardown(void)

@@ -143,14 +143,7 @@ static void h_setup(const char *ini_text, const char *userlist)
 	runtime_apply_log_settings();
 	if (!runtime_setup_events())
 		h_die("runtime_setup_events failed");
-	event_del(rt->janitor);
-	event_del(rt->stats_timer);
-	event_del(rt->sig_hup);
-	event_del(rt->sig_term);
-	event_del(rt->sig_int);
-	event_del(rt->sig_quit);
-	event_del(rt->sig_usr1);
-	event_del(rt->sig_usr2);
+	runtime_stop_background_events();
 	pool_apply_config(NULL);
 	atexit(h_exit);
 }

@@ -42,14 +42,23 @@ import socket
 import ssl
 import struct
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 import psycopg
+import pytest
 
 HERE = Path(__file__).resolve().parent
+
+# Processes are watched and stopped by PID as the benchmarks do (bench/benchlib.py, stdlib only).
+sys.path.append(str(HERE.parent.parent / "bench"))
+import benchlib  # noqa: E402
+from benchlib import pid_alive  # noqa: E402,F401 -- also for the test files
+from benchlib import wait_gone as wait_pid_exit  # noqa: E402,F401 -- also for the test files
+
 PG_BIN = Path(os.environ.get("LOKADB_PG_BIN", "/usr/lib/postgresql/15/bin"))
 PSQL = str(PG_BIN / "psql")
 PGBENCH = str(PG_BIN / "pgbench")
@@ -130,16 +139,6 @@ def free_port():
         return s.getsockname()[1]
 
 
-def pid_alive(pid):
-    """True if pid runs and is not a zombie (orphans may never be reaped here)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return False
-    state = stat.rsplit(")", 1)[1].split()[0]
-    return state not in ("Z", "X")
-
-
 class Fatal(Exception):
     """Raised by a wait_until predicate to stop waiting at once."""
 
@@ -166,39 +165,9 @@ def wait_until(pred, timeout, interval=0.05, what="condition"):
         time.sleep(interval)
 
 
-def wait_pid_exit(pid, timeout, popen=None):
-    """Wait for pid to end; reaps it if it is our child. Returns True if gone."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if popen is not None:
-            if popen.poll() is not None:
-                return True
-        elif not pid_alive(pid):
-            return True
-        time.sleep(0.02)
-    if popen is not None:
-        return popen.poll() is not None
-    return not pid_alive(pid)
-
-
 def stop_pid(pid, sig=signal.SIGTERM, timeout=5.0, popen=None):
     """Send sig, wait at most timeout, then SIGKILL. Returns True if sig sufficed."""
-    if pid is None:
-        return True
-    if popen is not None and popen.poll() is not None:
-        return True
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        return True
-    if wait_pid_exit(pid, timeout, popen):
-        return True
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    wait_pid_exit(pid, 5.0, popen)
-    return False
+    return benchlib.stop_pid(pid, sig, timeout, popen)
 
 
 def pids_listening_on(port):
@@ -1193,6 +1162,57 @@ def assert_serves(b, dbname="p0", user="trustuser"):
 
 def backend_pid(conn):
     return conn.execute("select pg_backend_pid()").fetchone()[0]
+
+
+def assert_reserve_pool_serves_a_second_client(b, dbname="p0"):
+    """With one pool server held (pool_size 1) and reserve_pool_timeout 0.5 s,
+    a second client gets a server of its own from the reserve pool after about
+    that timeout."""
+    holder = b.connect(dbname)
+    pid = backend_pid(holder)
+
+    def second():
+        with b.connect(dbname) as c:
+            return backend_pid(c)
+    call = BgCall(second)
+    other = call.result(5 * SLOW)
+    assert other != pid
+    assert 0.3 <= call.elapsed < 3 * SLOW, call.elapsed
+    return holder
+
+
+def assert_shutdown_waits_for(b, client):
+    """A shutdown that waits for clients has begun and `client` is b's last:
+    TCP is closed at once (as PgBouncer 1.23+; with so_reuseport the port's
+    other processes take over), a new client on the unix socket is refused
+    with 57P01, and lokadb exits once `client` leaves."""
+    with pytest.raises(OSError):
+        Wire(port=b.port, timeout=2.0).close()
+    w = Wire(unix_path=str(b.dir / f".s.PGSQL.{b.port}"))
+    b.wires.append(w)
+    err = w.login("trustuser", "p0", raise_error=False)
+    assert isinstance(err, PgError), "a new client was admitted during shutdown"
+    assert_error(err, "57P01", "shutting down")
+    assert b.alive()
+    client.close()
+    assert b.wait_exit(5), "lokadb did not exit after its last client left"
+
+
+def read_until_error_or_close(w, timeout=5.0):
+    """Messages up to the first ErrorResponse (returned as PgError) or EOF (None)."""
+    msgs = []
+    deadline = time.monotonic() + timeout * SLOW
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"no error and no close within {timeout}s; got {msgs!r}")
+        try:
+            typ, payload = w.read_msg(timeout=left / SLOW)
+        except EOFError:
+            return None, msgs
+        if typ == b"E":
+            return PgError(parse_error_fields(payload)), msgs
+        msgs.append((typ, payload))
 
 
 def assert_error(err, sqlstates, message=None):

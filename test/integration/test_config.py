@@ -43,6 +43,12 @@ def test_unknown_key_in_a_databases_entry_is_rejected(bouncer_factory, pg):
     assert_config_error(b, "pbad =", "bogus_key")
 
 
+def test_site_without_the_tunnel_transport_is_rejected(bouncer_factory):
+    # site= names a site of the tunnel transport; it must not be taken as a host name
+    b = bouncer_factory(databases={"pbad": "site=acme dbname=p0"}, start=False)
+    assert_config_error(b, "pbad =", "site= needs transport=tunnel")
+
+
 def test_bad_value_is_rejected_with_file_line_and_key(bouncer_factory):
     b = bouncer_factory(settings={"default_pool_size": "lots"}, start=False)
     assert_config_error(b, "default_pool_size =", "default_pool_size")

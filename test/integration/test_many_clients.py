@@ -126,3 +126,24 @@ def test_running_out_of_descriptors_pauses_accepting_instead_of_spinning(bouncer
         except (OSError, AssertionError):
             return False
     assert wait_until(served, 10, what="lokadb to accept again once descriptors are free")
+
+
+def test_the_fd_estimate_counts_users_pool_size_and_reserve_pool_size(bouncer_factory):
+    """[users] pool_size/reserve_pool_size replace the database's per pool, so the
+    "max expected fd use" counts them: for the forced-user entry once, for the
+    other one once per user, a [users] entry outside auth_file included."""
+    only = {db: None for db in ("p1", "p2", "p3", "p0_md5", "p0_scram", "p0_clear")}
+
+    def expected_fd_use(users):
+        b = bouncer_factory(databases=only, users=users)
+        m = b.wait_log(r"max expected fd use: (\d+)")
+        b.stop()
+        return int(m.group(1))
+
+    base = expected_fd_use({})
+    sized = expected_fd_use({"trustuser": "pool_size=50 reserve_pool_size=7"})
+    # p0 (trustuser's pool) and p0_trust (forced user=trustuser): 5 + 0 -> 50 + 7 each
+    assert sized - base == 2 * (57 - 5)
+    ghost = expected_fd_use({"trustuser": "pool_size=50 reserve_pool_size=7", "nosuchuser": "pool_size=3"})
+    # a [users] entry not in auth_file may log in (auth_query): one more p0 pool of 3
+    assert ghost - sized == 3

@@ -116,6 +116,25 @@ def test_metrics_follow_clients_and_queries(bouncer_factory):
     assert value(samples, "lokadb_pools_server_idle_connections", database="p0", user="trustuser") >= 1
 
 
+def test_pool_sizes_are_per_pool_with_the_users_values(bouncer_factory):
+    """The database-level sizes say what [databases] gives; a [users] entry's
+    pool_size/reserve_pool_size win for that user's pools, so the pool metrics
+    (labels database, user, as SHOW POOLS) show what each pool really gets."""
+    port = free_port()
+    b = bouncer_factory(settings={"metrics_listen": f"127.0.0.1:{port}", "reserve_pool_size": 2},
+                        users={"trustuser": "pool_size=3 reserve_pool_size=4"})
+    b.connect("p0").execute("select 1")
+    b.connect("p0_md5").execute("select 1")     # forced user=md5user: its pool is md5user's
+    samples, types, _ = scrape(port)
+    assert types["lokadb_pools_reserve_pool_size"] == "gauge"
+    assert value(samples, "lokadb_databases_reserve_pool_size", database="p0") == 2
+    assert value(samples, "lokadb_databases_pool_size", database="p0") == 5
+    assert value(samples, "lokadb_pools_reserve_pool_size", database="p0", user="trustuser") == 4
+    assert value(samples, "lokadb_pools_pool_size", database="p0", user="trustuser") == 3
+    assert value(samples, "lokadb_pools_reserve_pool_size", database="p0_md5", user="md5user") == 2
+    assert value(samples, "lokadb_pools_pool_size", database="p0_md5", user="md5user") == 5
+
+
 def test_paths_other_than_metrics_get_404_and_only_get_is_served(bouncer_factory):
     b = metrics_bouncer(bouncer_factory)
     for path in ("/", "/metrics/x", "/favicon.ico"):

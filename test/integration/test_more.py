@@ -15,9 +15,9 @@ import time
 import psycopg
 import pytest
 
-from lokadb_harness import (ADMIN_DB, SLOW, USERS, BgCall, PgError, Wire, assert_error,
-                            assert_serves, backend_pid, message, parse_error_fields,
-                            startup_packet, userlist_text, wait_until)
+from lokadb_harness import (ADMIN_DB, SLOW, USERS, BgCall, PgError, assert_error,
+                            assert_serves, assert_shutdown_waits_for, backend_pid, message, parse_error_fields,
+                            read_until_error_or_close, startup_packet, userlist_text, wait_until)
 
 BLOCKED_FOR = 1.0       # how long a call must stay blocked to count as waiting
 
@@ -77,23 +77,6 @@ def query_in_background(b, dbname="p0", user="trustuser", sql="select pg_backend
 
 def assert_blocked(call, seconds=BLOCKED_FOR):
     assert not call.wait(seconds), f"expected to wait, but it finished: {call.exception(0)!r}"
-
-
-def read_until_error_or_close(w, timeout=5.0):
-    """Messages up to the first ErrorResponse (returned as PgError) or EOF (None)."""
-    msgs = []
-    deadline = time.monotonic() + timeout * SLOW
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise AssertionError(f"no error and no close within {timeout}s; got {msgs!r}")
-        try:
-            typ, payload = w.read_msg(timeout=left / SLOW)
-        except EOFError:
-            return None, msgs
-        if typ == b"E":
-            return PgError(parse_error_fields(payload)), msgs
-        msgs.append((typ, payload))
 
 
 # ------------------------------------------------- 1. reload during login --
@@ -176,15 +159,7 @@ def test_shutdown_wait_for_clients_serves_connected_clients_and_refuses_new_ones
     time.sleep(0.3)
     assert bouncer.alive(), "SHUTDOWN WAIT_FOR_CLIENTS must wait for the connected client"
     assert a.execute("select 'still served'").fetchone()[0] == "still served"
-    with pytest.raises(OSError):    # TCP closed at once, as PgBouncer 1.23+
-        Wire(port=bouncer.port, timeout=2.0).close()
-    w = Wire(unix_path=str(bouncer.dir / f".s.PGSQL.{bouncer.port}"))
-    bouncer.wires.append(w)
-    err = w.login("trustuser", "p0", raise_error=False)
-    assert_error(err, "57P01", "shutting down")
-    assert bouncer.alive()
-    a.close()
-    assert bouncer.wait_exit(5), "lokadb did not exit after its last client left"
+    assert_shutdown_waits_for(bouncer, a)
 
 
 def test_shutdown_wait_for_servers_exits_once_the_open_transaction_ends(bouncer_factory):

@@ -226,34 +226,29 @@ def test_the_session_organization_applies_when_the_statement_has_none(router):
     b = router()
     w = b.login("app", USER)
     q_none = f"SELECT {SETTING}, count(*) FROM documents"
-    assert org_of(w, q_none) == ""
-    w.query("SET lokadb.org = 3")
-    assert org_of(w, q_none) == "3"
-    # the statement's own organization wins, then the session's comes back
-    assert org_of(w, f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = 1") == "1"
-    assert org_of(w, q_none) == "3"
-    w.query("SET SESSION lokadb.org TO '1'")
-    assert org_of(w, q_none) == "1"
-    w.query("RESET lokadb.org")
-    assert org_of(w, q_none) == ""
-    w.query("SELECT set_config('lokadb.org', '3', false)")
-    assert org_of(w, q_none) == "3"
-    # SET LOCAL lasts for the transaction block; ROLLBACK undoes a SET made in it
-    w.query("BEGIN")
-    w.query("SET LOCAL lokadb.org = 1")
-    assert org_of(w, q_none) == "1"
-    w.query("COMMIT")
-    assert org_of(w, q_none) == "3"
-    w.query("BEGIN")
-    w.query("SET lokadb.org = 1")
-    assert org_of(w, q_none) == "1"
-    w.query("ROLLBACK")
-    assert org_of(w, q_none) == "3"
-    w.query("DISCARD ALL")
-    assert org_of(w, q_none) == ""
-    w.query("SET lokadb.org = 1")
-    w.query("SET lokadb.org = ''")
-    assert org_of(w, q_none) == ""
+    # (statements sent first, the organization a statement without one then gets)
+    steps = [
+        ((), ""),
+        (("SET lokadb.org = 3",), "3"),
+        (("SET SESSION lokadb.org TO '1'",), "1"),
+        (("RESET lokadb.org",), ""),
+        (("SELECT set_config('lokadb.org', '3', false)",), "3"),
+        # SET LOCAL lasts for the transaction block; ROLLBACK undoes a SET made in it
+        (("BEGIN", "SET LOCAL lokadb.org = 1"), "1"),
+        (("COMMIT",), "3"),
+        (("BEGIN", "SET lokadb.org = 1"), "1"),
+        (("ROLLBACK",), "3"),
+        (("DISCARD ALL",), ""),
+        (("SET lokadb.org = 1", "SET lokadb.org = ''"), ""),
+    ]
+    for i, (sqls, want) in enumerate(steps):
+        for sql in sqls:
+            w.query(sql)
+        assert org_of(w, q_none) == want, f"after {sqls}"
+        if i == 1:
+            # the statement's own organization wins, then the session's comes back
+            assert org_of(w, f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = 1") == "1"
+            assert org_of(w, q_none) == "3"
     assert stats(b)["session_changes"] >= 7
 
 

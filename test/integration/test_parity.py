@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from lokadb_harness import SLOW, USERS, PgError, assert_error, assert_serves, parse_error_fields, wait_until
+from lokadb_harness import (SLOW, USERS, PgError, assert_error, assert_serves, parse_error_fields,
+                            read_until_error_or_close, wait_until)
 
 # [pgbouncer] settings of PgBouncer 1.24/1.25 (its main.c table, WIN32-only
 # service_name included).
@@ -51,21 +52,6 @@ query_timeout idle_transaction_timeout client_idle_timeout transaction_timeout
 """.split()
 
 NOT_SUPPORTED = "is not supported by this version of lokadb"
-
-
-def read_until_error_or_close(w, timeout=5.0):
-    """Messages up to the first ErrorResponse (returned as PgError) or EOF (None)."""
-    deadline = time.monotonic() + timeout * SLOW
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise AssertionError(f"no error and no close within {timeout}s")
-        try:
-            typ, payload = w.read_msg(timeout=left / SLOW)
-        except EOFError:
-            return None
-        if typ == b"E":
-            return PgError(parse_error_fields(payload))
 
 
 def ping(w):
@@ -165,7 +151,7 @@ def test_transaction_timeout_also_bounds_a_single_long_statement(bouncer_factory
     w = b.login("p0", timeout=8)
     start = time.monotonic()
     w.send_msg(b"Q", b"select pg_sleep(6)\0")
-    err = read_until_error_or_close(w, 5)
+    err, _ = read_until_error_or_close(w, 5)
     assert err is not None
     assert_error(err, "25P04", "transaction timeout")
     assert time.monotonic() - start < 4 * SLOW
@@ -180,7 +166,7 @@ def test_users_entries_override_the_client_timeouts_for_their_clients(bouncer_fa
     w2 = b.login("p0", "pooluser2", timeout=8)
     other = b.login("p0", "trustuser", timeout=8)
     w1.send_msg(b"Q", b"select pg_sleep(5)\0")
-    assert_error(read_until_error_or_close(w1, 4), "57014", "query timeout")
+    assert_error(read_until_error_or_close(w1, 4)[0], "57014", "query timeout")
     w2.query("begin")
     err = None
     start = time.monotonic()
@@ -213,7 +199,7 @@ def test_server_fast_close_ends_a_session_after_its_transaction_on_reconnect(bou
     time.sleep(0.6)                                 # several janitor runs: the transaction is not cut
     assert w.query("select 2").rows == [["2"]]
     w.query("commit")
-    err = read_until_error_or_close(w, 3)
+    err, _ = read_until_error_or_close(w, 3)
     assert err is not None
     assert_error(err, "57P01", "database configuration changed")
     b.wait_log(r"S-\d+: p0/trustuser@\S+ closing because: database configuration changed")
@@ -228,7 +214,7 @@ def test_server_fast_close_applies_to_a_reload_that_changes_the_database_entry(b
     assert w.scalar("select current_database()") == "p0"
     b.write_ini(databases={"p0": b.server("p1")})
     b.admin("RELOAD")
-    err = read_until_error_or_close(w, 3)          # idle outside a transaction: closed at once
+    err, _ = read_until_error_or_close(w, 3)          # idle outside a transaction: closed at once
     assert err is not None
     assert_error(err, "57P01", "database configuration changed")
     with b.connect("p0") as c:
@@ -250,7 +236,7 @@ def test_query_timeout_logs_closing_because_query_timeout_for_client_and_server(
     b = bouncer_factory(settings={"query_timeout": 1})
     w = b.login("p0", timeout=8)
     w.send_msg(b"Q", b"select pg_sleep(5)\0")
-    err = read_until_error_or_close(w, 4)
+    err, _ = read_until_error_or_close(w, 4)
     assert_error(err, "57014", "query timeout")
     b.wait_log(r"S-\d+: p0/trustuser@\S+ closing because: query timeout")
     b.wait_log(r"C-\d+: p0/trustuser@\S+ closing because: query timeout")

@@ -8,7 +8,8 @@ import time
 import psycopg
 import pytest
 
-from lokadb_harness import SLOW, BgCall, PgError, assert_error, backend_pid, wait_until
+from lokadb_harness import (SLOW, PgError, assert_error, assert_reserve_pool_serves_a_second_client, backend_pid,
+                            wait_until)
 
 IDLE = 2.5      # longer than every 1 s timeout below, with room for a 1 s timer tick
 
@@ -109,13 +110,4 @@ def test_min_pool_size_opens_server_connections_without_clients(bouncer_factory,
 def test_reserve_pool_serves_a_waiting_client_after_reserve_pool_timeout(bouncer_factory):
     b = bouncer_factory(settings={"default_pool_size": 1, "reserve_pool_size": 1,
                                   "reserve_pool_timeout": 0.5})
-    holder = b.connect("p0")
-    pid = backend_pid(holder)
-
-    def second():
-        with b.connect("p0") as c:
-            return backend_pid(c)
-    call = BgCall(second)
-    other = call.result(5 * SLOW)
-    assert other != pid
-    assert 0.3 <= call.elapsed < 3 * SLOW, call.elapsed
+    assert_reserve_pool_serves_a_second_client(b)

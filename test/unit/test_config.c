@@ -321,6 +321,18 @@ static bool test_database_errors(void)
 	CHECK(fx_init(&fx));
 	CHECK(load_fails(&fx, "[databases]\nok = host=a\nbad = host=a sslmode=require\n",
 			 ":3: database \"bad\": unknown option \"sslmode\""));
+	/* site= belongs to the tunnel transport; elsewhere it would be read as a host name */
+	CHECK(load_fails(&fx, "[databases]\nx = site=acme dbname=app\n", ":2: database \"x\": site= needs transport=tunnel"));
+	CHECK(load_fails(&fx, "[databases]\nx = transport=t_pair site=acme\n", ":2: database \"x\": site= needs transport=tunnel"));
+	{
+		struct lk_config *cf = fx_load(&fx, "[databases]\nx = transport=tunnel site=acme dbname=app\n");
+		CHECK(cf);
+		if (cf) {
+			CHECK(strcmp(config_find_db(cf, "x")->host, "acme") == 0);
+			CHECK(config_find_db(cf, "x")->site == NULL);
+			config_free(cf);
+		}
+	}
 	CHECK(load_fails(&fx, "[databases]\nbad = host=a load_balance_hosts=round-robin\n",
 			 ":2: database \"bad\": option \"load_balance_hosts\" is not supported by this version of lokadb"));
 	CHECK(load_fails(&fx, "[databases]\nbad = host='a b\n",

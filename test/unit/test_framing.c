@@ -55,14 +55,7 @@ static bool rt_up(void)
 	runtime_apply_log_settings();
 	if (!runtime_setup_events())
 		return false;
-	event_del(rt->janitor);
-	event_del(rt->stats_timer);
-	event_del(rt->sig_hup);
-	event_del(rt->sig_term);
-	event_del(rt->sig_int);
-	event_del(rt->sig_quit);
-	event_del(rt->sig_usr1);
-	event_del(rt->sig_usr2);
+	runtime_stop_background_events();
 	rt_ready = true;
 	return true;
 }
@@ -350,6 +343,20 @@ static bool console_login(struct peer *pe, const char *user)
 	return peer_send(pe, w.b, w.len) && take_welcome(pe) && pe->len == 0 && !pe->eof;
 }
 
+/* Log in to the console as admin, send `len` bytes of msg and expect the refusal. */
+static bool console_refused_after(const void *msg, size_t len, const char *sqlstate, const char *text)
+{
+	struct peer pe;
+	bool ok = true;
+
+	CHECK(console_login(&pe, "admin"));
+	CHECK(peer_send(&pe, msg, len));
+	CHECK(peer_refused(&pe, sqlstate, text));
+end:
+	ok = peer_close(&pe) && ok;
+	return ok;
+}
+
 /* The answer to SHOW VERSION: one text column, one row, SHOW, ReadyForQuery. */
 static void w_show_version(struct want *w)
 {
@@ -519,29 +526,15 @@ end:
 static bool test_unknown_message_type(void)
 {
 	static const uint8_t msg[] = { 'y', 0, 0, 0, 4 };
-	struct peer pe;
-	bool ok = true;
 
-	CHECK(console_login(&pe, "admin"));
-	CHECK(peer_send(&pe, msg, sizeof(msg)));
-	CHECK(peer_refused(&pe, "08P01", "invalid frontend message type 121"));
-end:
-	ok = peer_close(&pe) && ok;
-	return ok;
+	return console_refused_after(msg, sizeof(msg), "08P01", "invalid frontend message type 121");
 }
 
 static bool test_message_length_below_4(void)
 {
 	static const uint8_t msg[] = { 'Q', 0, 0, 0, 3 };
-	struct peer pe;
-	bool ok = true;
 
-	CHECK(console_login(&pe, "admin"));
-	CHECK(peer_send(&pe, msg, sizeof(msg)));
-	CHECK(peer_refused(&pe, "08P01", "invalid message length"));
-end:
-	ok = peer_close(&pe) && ok;
-	return ok;
+	return console_refused_after(msg, sizeof(msg), "08P01", "invalid message length");
 }
 
 /* Refused on the header alone: the body never has to arrive. */
@@ -549,56 +542,35 @@ static bool test_message_too_long(void)
 {
 	char text[128];
 	struct want q = { .len = 0 };
-	struct peer pe;
-	bool ok = true;
 
 	q.b[0] = 'Q';
 	q.len = 1;
 	w_u32(&q, MAX_MESSAGE_BYTES + 1);
 	snprintf(text, sizeof(text), "message too long: %d bytes (max_message_bytes is %d)", MAX_MESSAGE_BYTES + 1,
 		 MAX_MESSAGE_BYTES);
-	CHECK(console_login(&pe, "admin"));
-	CHECK(peer_send(&pe, q.b, q.len));
-	CHECK(peer_refused(&pe, "08P01", text));
-end:
-	ok = peer_close(&pe) && ok;
-	return ok;
+	return console_refused_after(q.b, q.len, "08P01", text);
 }
 
 static bool test_console_extended_protocol(void)
 {
 	struct want p = { .len = 0 };
-	struct peer pe;
-	bool ok = true;
 
 	w_begin(&p, 'P');
 	w_str(&p, "");
 	w_str(&p, "SHOW VERSION");
 	w_u16(&p, 0);
 	w_end(&p);
-	CHECK(console_login(&pe, "admin"));
-	CHECK(peer_send(&pe, p.b, p.len));
-	CHECK(peer_refused(&pe, "08P01", "the console supports only the simple query protocol"));
-end:
-	ok = peer_close(&pe) && ok;
-	return ok;
+	return console_refused_after(p.b, p.len, "08P01", "the console supports only the simple query protocol");
 }
 
 static bool test_query_without_terminator(void)
 {
 	struct want q = { .len = 0 };
-	struct peer pe;
-	bool ok = true;
 
 	w_begin(&q, 'Q');
 	w_bytes(&q, "SHOW VERSION", 12);
 	w_end(&q);
-	CHECK(console_login(&pe, "admin"));
-	CHECK(peer_send(&pe, q.b, q.len));
-	CHECK(peer_refused(&pe, "08P01", "invalid query message"));
-end:
-	ok = peer_close(&pe) && ok;
-	return ok;
+	return console_refused_after(q.b, q.len, "08P01", "invalid query message");
 }
 
 static bool test_terminate(void)

@@ -287,6 +287,14 @@ static bool pair_up(struct side **relay, struct side **agent, const struct mux_s
 	return mux_established((*relay)->s) && mux_established((*agent)->s) && (*agent)->hello_acks == 1;
 }
 
+/* Free both sides of a pair; returns ok, a test's result. */
+static bool pair_done(struct side *relay, struct side *agent, bool ok)
+{
+	side_free(relay);
+	side_free(agent);
+	return ok;
+}
+
 /* Inject raw frame bytes into a side. */
 static bool inject(struct side *d, const uint8_t *f, size_t n)
 {
@@ -325,6 +333,18 @@ static uint32_t relay_open(struct side *relay, const char *db_key, uint32_t wind
 	if (id)
 		mux_stream_set_user(relay->s, id, ts(relay, id));
 	return id;
+}
+
+/* pair_up with the defaults, then one stream to "app" that the relay opened and the agent got; *id is its id. */
+static bool pair_with_stream(struct side **relay, struct side **agent, uint32_t *id)
+{
+	uint32_t err;
+
+	if (!pair_up(relay, agent, NULL, NULL, 0))
+		return false;
+	*id = relay_open(*relay, "app", 0, &err);
+	pump(*relay, *agent, 0);
+	return true;
 }
 
 /* ------------------------------------------------------------------------- */
@@ -521,9 +541,7 @@ static bool test_bad_headers_fail_sessions(void)
 		relay = agent = NULL;
 	}
 end:
-	side_free(relay);
-	side_free(agent);
-	return ok;
+	return pair_done(relay, agent, ok);
 }
 
 /* A session given a bad header fails at once, without waiting for its payload. */
@@ -548,9 +566,7 @@ static bool test_bad_header_fails_session(void)
 	CHECK(next_frame(p, n, &off, &g, &pl));
 	CHECK(g.type == MUX_GOAWAY && pl[7] == MUX_E_PROTOCOL);
 end:
-	side_free(relay);
-	side_free(agent);
-	return ok;
+	return pair_done(relay, agent, ok);
 }
 
 static bool tlv_fails(const uint8_t *p, size_t n, int which)
@@ -645,9 +661,7 @@ static bool test_handshake(void)
 	CHECK(mux_session_send_window(relay->s) == MUX_SESSION_WINDOW_DEFAULT);
 	CHECK(!mux_hello(agent->s, "again", NULL, 0, now));
 end:
-	side_free(relay);
-	side_free(agent);
-	return ok;
+	return pair_done(relay, agent, ok);
 }
 
 static bool test_handshake_errors(void)
@@ -722,9 +736,7 @@ static bool test_handshake_errors(void)
 	n = mux_build_ping(ping, sizeof(ping), false, opaque);
 	CHECK(!mux_feed(agent->s, ping, n, now) && agent->error_code == MUX_E_PROTOCOL);
 end:
-	side_free(relay);
-	side_free(agent);
-	return ok;
+	return pair_done(relay, agent, ok);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -766,9 +778,7 @@ static bool stream_exchange(size_t chunk)
 	CHECK(mux_stream_state(relay->s, id) == -1);
 	CHECK(relay->errors == 0 && agent->errors == 0);
 end:
-	side_free(relay);
-	side_free(agent);
-	return ok;
+	return pair_done(relay, agent, ok);
 }
 
 static bool test_stream_exchange(void)
@@ -801,9 +811,7 @@ static bool test_open_refused_by_agent(void)
 	/* the 1000 bytes that followed the OPEN were dropped but credited */
 	CHECK(mux_stream_count(agent->s) == 0);
 end:
-	side_free(relay);
-	side_free(agent);
-	return ok;
+	return pair_done(relay, agent, ok);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -865,9 +873,7 @@ static bool test_window_exhaustion_and_credit(void)
 	CHECK(mux_stream_send_window(relay->s, id) <= SMALL_WINDOW);
 	CHECK(relay->errors == 0 && agent->errors == 0);
 end:
-	side_free(relay);
-	side_free(agent);
-	return ok;
+	return pair_done(relay, agent, ok);
 }
 
 /* A peer sending beyond the stream window fails the session with FLOW_CONTROL. */
@@ -909,9 +915,7 @@ static bool test_stream_window_breach(void)
 			saw_goaway = true;
 	CHECK(saw_goaway);
 end:
-	side_free(relay);
-	side_free(agent);
-	return ok;
+	return pair_done(relay, agent, ok);
 }
 
 /* Two streams within their windows but together beyond the session window. */
@@ -947,9 +951,7 @@ static bool test_session_window_breach(void)
 	CHECK(!inject(agent, f, n));
 	CHECK(agent->error_code == MUX_E_FLOW_CONTROL);
 end:
-	side_free(relay);
-	side_free(agent);
-	return ok;
+	return pair_done(relay, agent, ok);
 }
 
 /* DATA for a closed stream is dropped, but the session gets its credit back. */
@@ -992,9 +994,7 @@ static bool test_closed_stream_data_credited(void)
 	CHECK(inject(agent, f, n) && agent->errors == 0 && ts(agent, id)->fins == 0);
 	(void)total;
 end:
-	side_free(relay);
-	side_free(agent);
-	return ok;
+	return pair_done(relay, agent, ok);
 }
 
 /* A stream reset while holding unconsumed bytes gives them back to the session. */
@@ -1026,9 +1026,7 @@ static bool test_reset_returns_held_credit(void)
 	pump(relay, agent, 0);
 	CHECK(ts(agent, id2)->recv == 128 * 1024 && agent->errors == 0);
 end:
-	side_free(relay);
-	side_free(agent);
-	return ok;
+	return pair_done(relay, agent, ok);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -1086,9 +1084,7 @@ static bool test_stream_id_reuse(void)
 	n = mux_build_open_ack(f, sizeof(f), 1, 0);
 	CHECK(!inject(agent, f, n) && agent->error_code == MUX_E_PROTOCOL);
 end:
-	side_free(relay);
-	side_free(agent);
-	return ok;
+	return pair_done(relay, agent, ok);
 }
 
 /* Raw frame: header fields as given, payload bytes as given. */
@@ -1156,9 +1152,7 @@ static bool test_relay_sees_agent_violations(void)
 		relay = agent = NULL;
 	}
 end:
-	side_free(relay);
-	side_free(agent);
-	return ok;
+	return pair_done(relay, agent, ok);
 }
 
 /* The agent refuses a bad HELLO_ACK. */
@@ -1238,9 +1232,7 @@ static bool test_owner_failures_and_abort(void)
 	CHECK(mux_stream_count(relay->s) == 0 && relay->errors == 0);
 	CHECK(!mux_reset(relay->s, b, MUX_E_CANCEL));
 end:
-	side_free(relay);
-	side_free(agent);
-	return ok;
+	return pair_done(relay, agent, ok);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -1276,9 +1268,7 @@ static bool test_goaway_from_agent_refuses_unprocessed(void)
 	pump(relay, agent, 0);
 	CHECK(ts(agent, 1)->recv == 1000 && ts(agent, 1)->fins == 1);
 end:
-	side_free(relay);
-	side_free(agent);
-	return ok;
+	return pair_done(relay, agent, ok);
 }
 
 static bool test_goaway_relay_drain(void)
@@ -1289,9 +1279,7 @@ static bool test_goaway_relay_drain(void)
 	uint8_t f[64];
 	size_t n;
 
-	CHECK(pair_up(&relay, &agent, NULL, NULL, 0));
-	id = relay_open(relay, "app", 0, &err);
-	pump(relay, agent, 0);
+	CHECK(pair_with_stream(&relay, &agent, &id));
 	CHECK(mux_open_ack(agent->s, id, 0));
 	CHECK(mux_goaway(relay->s, MUX_E_RELAY_RESTART, 0, "drain"));
 	pump(relay, agent, 0);
@@ -1308,9 +1296,7 @@ static bool test_goaway_relay_drain(void)
 	n = mux_build_goaway(f, sizeof(f), 3, MUX_E_RELAY_RESTART, 0, NULL, 0);
 	CHECK(!inject(agent, f, n) && agent->error_code == MUX_E_PROTOCOL);
 end:
-	side_free(relay);
-	side_free(agent);
-	return ok;
+	return pair_done(relay, agent, ok);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -1322,9 +1308,7 @@ static bool test_rst_races(void)
 	struct side *relay = NULL, *agent = NULL;
 	uint32_t id, id2, err;
 
-	CHECK(pair_up(&relay, &agent, NULL, NULL, 0));
-	id = relay_open(relay, "app", 0, &err);
-	pump(relay, agent, 0);
+	CHECK(pair_with_stream(&relay, &agent, &id));
 	CHECK(mux_open_ack(agent->s, id, 0));
 	pump(relay, agent, 0);
 	/* both sides reset at once, with DATA in flight each way */
@@ -1366,31 +1350,25 @@ static bool test_rst_races(void)
 	CHECK(ts(relay, id2)->closes == 1 && ts(relay, id2)->close_code == MUX_E_CANCEL && ts(relay, id2)->close_by_peer);
 	CHECK(relay->errors == 0 && agent->errors == 0);
 end:
-	side_free(relay);
-	side_free(agent);
-	return ok;
+	return pair_done(relay, agent, ok);
 }
 
 static bool test_data_after_fin(void)
 {
 	bool ok = true;
 	struct side *relay = NULL, *agent = NULL;
-	uint32_t id, err;
+	uint32_t id;
 	uint8_t f[64];
 	size_t n;
 
-	CHECK(pair_up(&relay, &agent, NULL, NULL, 0));
-	id = relay_open(relay, "app", 0, &err);
-	pump(relay, agent, 0);
+	CHECK(pair_with_stream(&relay, &agent, &id));
 	n = mux_build_data(f, sizeof(f), id, true, (const uint8_t *)"ab", 2);
 	CHECK(inject(agent, f, n) && ts(agent, id)->fins == 1);
 	n = mux_build_data(f, sizeof(f), id, false, (const uint8_t *)"cd", 2);
 	CHECK(inject(agent, f, n));	/* a stream error, not a session error */
 	CHECK(agent->errors == 0 && ts(agent, id)->closes == 1 && ts(agent, id)->close_code == MUX_E_PROTOCOL);
 end:
-	side_free(relay);
-	side_free(agent);
-	return ok;
+	return pair_done(relay, agent, ok);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -1458,9 +1436,7 @@ static bool test_ping_reply_not_behind_data(void)
 	mux_header_decode(p + n1, &h);
 	CHECK(h.type == MUX_PING && h.flags == MUX_FLAG_ACK && memcmp(p + n1 + 12, opaque, 8) == 0);
 end:
-	side_free(relay);
-	side_free(agent);
-	return ok;
+	return pair_done(relay, agent, ok);
 }
 
 /* A peer that floods PINGs and never reads its replies hits a bound. */
@@ -1479,9 +1455,7 @@ static bool test_control_flood(void)
 	CHECK(i < 100000 && relay->error_code == MUX_E_ENHANCE_YOUR_CALM);
 	CHECK(i >= MUX_CONTROL_QUEUE_MAX / (int)sizeof(ping) - 1);
 end:
-	side_free(relay);
-	side_free(agent);
-	return ok;
+	return pair_done(relay, agent, ok);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -1518,9 +1492,7 @@ static bool test_round_robin(void)
 	}
 	CHECK(frames >= 4 && alternations == frames - 1);
 end:
-	side_free(relay);
-	side_free(agent);
-	return ok;
+	return pair_done(relay, agent, ok);
 }
 
 /* One stalled stream (its client never reads) does not hold up another. */
@@ -1552,9 +1524,7 @@ static bool test_stalled_stream_does_not_block(void)
 	CHECK(ts(agent, stalled)->recv == SMALL_WINDOW);
 	CHECK(relay->errors == 0 && agent->errors == 0);
 end:
-	side_free(relay);
-	side_free(agent);
-	return ok;
+	return pair_done(relay, agent, ok);
 }
 
 static bool test_max_streams(void)
@@ -1591,9 +1561,7 @@ static bool test_max_streams(void)
 	n = mux_pending(agent->s, &p);
 	CHECK(n == 16 && p[0] == MUX_RST && p[7] == 101 && p[15] == MUX_E_STREAM_LIMIT);
 end:
-	side_free(relay);
-	side_free(agent);
-	return ok;
+	return pair_done(relay, agent, ok);
 }
 
 /* Rounds of 2048 streams (the default max_streams) opened, used, half-closed
@@ -1640,9 +1608,7 @@ static bool test_stream_churn(void)
 	CHECK(relay->errors == 0 && agent->errors == 0);
 	CHECK(relay->total_closes == 3 * MUX_MAX_STREAMS_DEFAULT && agent->total_closes == relay->total_closes);
 end:
-	side_free(relay);
-	side_free(agent);
-	return ok;
+	return pair_done(relay, agent, ok);
 }
 
 /* The OPEN and OPEN_ACK windows move the per-stream credit. */
@@ -1675,9 +1641,7 @@ static bool test_per_stream_windows(void)
 	CHECK(ts(relay, id)->recv == 256 * 1024);
 	CHECK(relay->errors == 0 && agent->errors == 0);
 end:
-	side_free(relay);
-	side_free(agent);
-	return ok;
+	return pair_done(relay, agent, ok);
 }
 
 static bool test_unknown_frame_skipped(void)
@@ -1698,9 +1662,7 @@ static bool test_unknown_frame_skipped(void)
 	CHECK(mux_pending(agent->s, &p) == sizeof(ping) && p[0] == MUX_PING && p[1] == MUX_FLAG_ACK);
 	CHECK(agent->errors == 0);
 end:
-	side_free(relay);
-	side_free(agent);
-	return ok;
+	return pair_done(relay, agent, ok);
 }
 
 static bool test_settings_checks(void)
