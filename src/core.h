@@ -210,6 +210,7 @@ struct client {
 	bool ps_on;			/* max_prepared_statements applies (not session mode) */
 	uint64_t affinity;		/* a plugin's affinity key for server choice (0: none) */
 	int aff_max;			/* ... keys a server keeps at most */
+	int aff_passed;			/* times a waiting client was passed over for another's affinity */
 };
 
 struct server {
@@ -253,6 +254,7 @@ struct server {
 	struct lk_connect *conn_req;	/* plugin transport connect in progress */
 	uint64_t aff[AFF_SLOTS];	/* affinity keys of the clients it served, oldest first */
 	uint8_t n_aff;
+	int home;			/* its index in the pool (0, 1, ...): affinity keys assigned to it are at home on it */
 	struct tvars *tvars;		/* session values plugins asked for (query_set_var), plugin.c */
 };
 
@@ -296,6 +298,7 @@ struct pool {
 	int mode;			/* cached pool_mode_of(); refreshed on reload and SET */
 	uint8_t scram_keys[64];		/* a client's ClientKey + ServerKey for login_password */
 	bool has_scram_keys;
+	struct aff_map *aff;		/* affinity keys -> home index (pool.c); NULL until a key comes */
 };
 
 TAILQ_HEAD(db_list, lk_db);
@@ -414,6 +417,7 @@ struct lk_db *db_lookup(const char *name, bool create_auto);
 struct pool *pool_get(struct lk_db *db, const char *user, const char *secret);
 int pool_mode_of(const struct pool *p);
 int pool_size_of(const struct pool *p);
+int pool_free_home(const struct pool *p);
 void pool_launch_first(struct pool *p);
 void pool_take_scram_keys(struct pool *p, struct client *c);	/* a server for a pool without one yet */
 bool pool_acquire(struct client *c);		/* links a server, or queues c: false */

@@ -426,25 +426,206 @@ static bool server_has_key(const struct server *s, uint64_t key)
 }
 
 /*
+ * Organization affinity. Each server connection of a pool has a home index
+ * (0, 1, ... as they are opened, a closed one's index reused). The first
+ * time the pool sees an affinity key it assigns the key to the index with
+ * the fewest keys, and the key keeps going to that index's server whatever
+ * the number of keys: with 10,000 organizations and a pool of 8 each backend
+ * touches about an eighth of their partitions, where remembering the last
+ * few keys per server (aff[]) let every backend touch all of them in turn
+ * (PostgreSQL's per-backend relation caches: research/partitions.md). With
+ * no more keys than servers, each key has a server of its own.
+ */
+#define AFF_MAP_MAX (1u << 18)		/* keys remembered per pool; more are spread by hash */
+
+struct aff_map {
+	uint64_t *keys;			/* open addressing, 0 = free */
+	int32_t *home;
+	uint32_t cap, n;
+	uint32_t *load;			/* keys per home index */
+	int nload;
+};
+
+static uint64_t aff_mix(uint64_t k)	/* spreads the bits (MurmurHash3's finalizer) */
+{
+	k ^= k >> 33;
+	k *= 0xff51afd7ed558ccdULL;
+	k ^= k >> 33;
+	k *= 0xc4ceb9fe1a85ec53ULL;
+	return k ^ (k >> 33);
+}
+
+static void aff_map_free(struct aff_map *m)
+{
+	if (!m)
+		return;
+	free(m->keys);
+	free(m->home);
+	free(m->load);
+	free(m);
+}
+
+/* The slot of key in m (its own, or the free one it would take). */
+static uint32_t aff_slot(const struct aff_map *m, uint64_t key)
+{
+	uint32_t i = (uint32_t)aff_mix(key) & (m->cap - 1);
+
+	while (m->keys[i] && m->keys[i] != key)
+		i = (i + 1) & (m->cap - 1);
+	return i;
+}
+
+static bool aff_grow(struct aff_map *m)
+{
+	struct aff_map old = *m;
+	uint32_t cap = m->cap ? 2 * m->cap : 64;
+
+	m->keys = calloc(cap, sizeof(*m->keys));
+	m->home = calloc(cap, sizeof(*m->home));
+	if (!m->keys || !m->home) {
+		free(m->keys);
+		free(m->home);
+		m->keys = old.keys;
+		m->home = old.home;
+		return false;
+	}
+	m->cap = cap;
+	for (uint32_t i = 0; i < old.cap; i++)
+		if (old.keys[i]) {
+			uint32_t j = aff_slot(m, old.keys[i]);
+			m->keys[j] = old.keys[i];
+			m->home[j] = old.home[i];
+		}
+	free(old.keys);
+	free(old.home);
+	return true;
+}
+
+/* The home index of key in a pool of `size` servers; -1: none. */
+static int key_home(struct pool *p, uint64_t key, int size)
+{
+	struct aff_map *m = p->aff;
+	uint32_t i;
+	int best = 0;
+
+	if (size <= 0)
+		return -1;
+	if (!m && !(m = p->aff = calloc(1, sizeof(*m))))
+		return (int)(aff_mix(key) % (uint64_t)size);
+	if (m->cap) {
+		i = aff_slot(m, key);
+		if (m->keys[i] && m->home[i] < size)
+			return m->home[i];
+	}
+	if (m->nload < size) {
+		uint32_t *l = realloc(m->load, sizeof(*l) * (size_t)size);
+		if (!l)
+			return (int)(aff_mix(key) % (uint64_t)size);
+		memset(l + m->nload, 0, sizeof(*l) * (size_t)(size - m->nload));
+		m->load = l;
+		m->nload = size;
+	}
+	for (int h = 1; h < size; h++)
+		if (m->load[h] < m->load[best])
+			best = h;
+	if (m->cap && m->keys[i = aff_slot(m, key)]) {	/* its index is gone (a smaller pool) */
+		if (m->home[i] < m->nload && m->load[m->home[i]] > 0)
+			m->load[m->home[i]]--;
+	} else {
+		if (m->n >= AFF_MAP_MAX || ((m->n + 1) * 2 > m->cap && !aff_grow(m)))
+			return (int)(aff_mix(key) % (uint64_t)size);
+		i = aff_slot(m, key);
+		m->keys[i] = key;
+		m->n++;
+	}
+	m->home[i] = best;
+	m->load[best]++;
+	return best;
+}
+
+/* The lowest home index no server of the pool has. */
+int pool_free_home(const struct pool *p)
+{
+	const struct server_list *lists[] = { &p->active_servers, &p->idle_servers, &p->tested_servers,
+					      &p->login_servers };
+
+	for (int home = 0;; home++) {
+		bool used = false;
+		for (size_t i = 0; i < sizeof(lists) / sizeof(lists[0]) && !used; i++) {
+			const struct server *s;
+			TAILQ_FOREACH(s, lists[i], entry)
+				if (s->home == home) {
+					used = true;
+					break;
+				}
+		}
+		if (!used)
+			return home;
+	}
+}
+
+/*
  * An idle server for c. With an affinity key (a plugin's, e.g. the
- * organization): one that already served the key, else the one that served
- * the fewest keys. Never waits for an affine server: any idle one will do.
+ * organization): the key's home server, else one that already served the
+ * key, else the one that served the fewest keys. Never waits for an affine
+ * server: any idle one will do.
  */
 static struct server *idle_server_for(struct pool *p, struct client *c)
 {
-	struct server *s, *best = NULL;
+	struct server *s, *served = NULL, *best = NULL;
+	int home;
 
 	if (!c->affinity)
 		return idle_server(p);
+	home = key_home(p, c->affinity, pool_size_of(p));
 	TAILQ_FOREACH(s, &p->idle_servers, entry) {
 		if (!server_usable(s))
 			continue;
-		if (server_has_key(s, c->affinity))
+		if (s->home == home)
 			return s;
+		if (!served && server_has_key(s, c->affinity))
+			served = s;
 		if (!best || s->n_aff < best->n_aff)
 			best = s;
 	}
+	if (served)
+		return served;
 	return best ? best : idle_server(p);
+}
+
+/* Waiting clients looked at for a server's affinity, and times one may be passed over. */
+#define AFF_SCAN 16
+
+/*
+ * The waiting client an idle server s takes: the oldest, unless it has an
+ * affinity key that is not s's and one of the next AFF_SCAN - 1 clients has
+ * a key at home on s (or served by s). A client is passed over at most
+ * AFF_SCAN times: then it gets the next server whatever its key, so an
+ * uneven load (one busy organization) never starves anybody.
+ */
+static struct client *waiting_for(struct pool *p, struct server *s)
+{
+	struct client *head = TAILQ_FIRST(&p->waiting_clients), *c, *served = NULL;
+	int n = 0, size;
+
+	if (!head->affinity || head->aff_passed >= AFF_SCAN)
+		return head;
+	size = pool_size_of(p);
+	if (key_home(p, head->affinity, size) == s->home)
+		return head;
+	for (c = head; c && n < AFF_SCAN; c = TAILQ_NEXT(c, entry), n++) {
+		if (!c->affinity)
+			continue;
+		if (key_home(p, c->affinity, size) == s->home)
+			break;
+		if (!served && server_has_key(s, c->affinity))
+			served = c;
+	}
+	if (!c || n == AFF_SCAN)
+		c = served ? served : head;
+	for (struct client *o = head; o != c; o = TAILQ_NEXT(o, entry))
+		o->aff_passed++;
+	return c;
 }
 
 /* Remember the key on the server; a full set forgets its oldest key. */
@@ -491,6 +672,7 @@ bool pool_acquire(struct client *c)
 		return true;
 	}
 	c->wait_start = now_mono();
+	c->aff_passed = 0;
 	c->wait_notified = false;
 	pool_set_client_state(c, CL_WAITING);
 	if (!pool_is_paused(p) && p->n_login_sv == 0 && can_launch(p, false))
@@ -498,13 +680,21 @@ bool pool_acquire(struct client *c)
 	return false;
 }
 
-/* Give idle servers to waiting clients, oldest client first. */
+/* Give idle servers to waiting clients, oldest client first (affinity: see waiting_for). */
 static void pool_activate(struct pool *p)
 {
 	struct client *c;
 	struct server *s;
 
-	while (!pool_is_paused(p) && (c = TAILQ_FIRST(&p->waiting_clients)) && (s = idle_server_for(p, c))) {
+	while (!pool_is_paused(p) && (c = TAILQ_FIRST(&p->waiting_clients))) {
+		if (c->affinity && p->n_idle_sv == 1) {
+			/* one server came free (the usual case under load): which client it serves */
+			if (!(s = idle_server(p)))
+				break;
+			c = waiting_for(p, s);
+		} else if (!(s = idle_server_for(p, c))) {
+			break;
+		}
 		pool_link(c, s);
 		client_resume(c);
 	}
@@ -1034,6 +1224,7 @@ void pool_free_all(void)
 		free(p->login_user);
 		free(p->login_password);
 		free(p->last_error);
+		aff_map_free(p->aff);
 		free(p);
 	}
 	while ((db = TAILQ_FIRST(&rt->dbs))) {

@@ -123,6 +123,7 @@ struct server *server_launch(struct pool *p)
 	s->connect_time = now_wall();
 	s->created = s->last_used = now_mono();
 	s->txn_status = 'I';
+	s->home = pool_free_home(p);
 	TAILQ_INSERT_TAIL(&p->login_servers, s, entry);
 	p->n_login_sv++;
 	p->db->server_count++;

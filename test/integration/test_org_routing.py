@@ -681,6 +681,27 @@ def test_each_organization_keeps_its_server_connection_with_org_affinity(router)
     assert backend_of(w, 1) in seen[1] | {other}
 
 
+def test_with_more_organizations_than_servers_each_keeps_its_backend(router):
+    """More organizations than server connections x org_affinity: each
+    organization still always runs on the same backend, and the backends
+    share the organizations evenly, so each PostgreSQL backend touches only
+    its share of the partitions (with the last 8 organizations remembered
+    per server, every backend took every organization in turn)."""
+    b = router(settings={"pool_mode": "transaction", "default_pool_size": 4}, route_log="off")
+    open_servers(b, 4)
+    w = b.login("app", USER)
+    orgs = range(100, 140)
+    seen = {o: set() for o in orgs}
+    for _ in range(3):
+        for o in orgs:
+            seen[o].add(backend_of(w, o))
+    assert all(len(p) == 1 for p in seen.values()), seen
+    per_backend = {}
+    for o, p in seen.items():
+        per_backend.setdefault(next(iter(p)), []).append(o)
+    assert sorted(len(v) for v in per_backend.values()) == [10, 10, 10, 10], per_backend
+
+
 def test_without_org_affinity_the_pool_gives_the_last_used_server(router):
     b = router(settings={"pool_mode": "transaction", "default_pool_size": 3}, extra="org_affinity = 0\n")
     open_servers(b, 3)
