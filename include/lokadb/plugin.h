@@ -352,10 +352,12 @@ struct lk_api {
 
 	/* ---- ABI 1.1 ---- */
 	/* Server affinity: when the client next needs a server, the pool prefers
-	 * an idle server that already served `key` (e.g. an organization id), else
-	 * the idle server that served the fewest keys; it never waits for an
-	 * affine server. Each server remembers at most max_per_server keys
-	 * (1..32), forgetting the oldest. key NULL: no preference. */
+	 * the home server of `key` (e.g. an organization id: the pool assigns
+	 * each new key to the server index with the fewest keys, for good), else
+	 * an idle server that served `key` recently, else the idle server that
+	 * served the fewest keys; it never waits for an affine server. Each
+	 * server remembers its last max_per_server keys (1..32). key NULL: no
+	 * preference. */
 	void (*client_set_affinity)(lk_client *c, const char *key, int max_per_server);
 
 	/* ---- ABI 1.2 ---- */
