@@ -1207,6 +1207,11 @@ static void give_affinity(struct orr *g, lk_client *c, struct orc *x, const char
 		return;
 	if (g->org_affinity == 0 || (org && !*org))
 		org = NULL;
+	if (org) {	/* DEFAULT's organizations share one partition: no affinity */
+		const struct mc_org *o = g->mc->org(org);
+		if (!o || !o->isolated)
+			org = NULL;
+	}
 	x->aff_txn = true;
 	if (org ? x->aff && strcmp(org, x->aff) == 0 && x->aff_max == g->org_affinity : !x->aff)
 		return;

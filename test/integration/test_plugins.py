@@ -765,6 +765,34 @@ def test_affinity_keeps_each_key_on_its_own_server(bouncer_factory):
     assert len({next(iter(p)) for p in firsts.values()}) == 3, seen  # and not a shared one
 
 
+def test_affinity_with_far_more_keys_than_servers_keeps_each_key_on_one_server(bouncer_factory):
+    """40 keys, 4 servers, each server remembering its last key only: each
+    key still always runs on the same backend, and the backends share the
+    keys evenly (a home index per key, the one with the fewest keys); with
+    only the remembered keys, every backend took every key in turn."""
+    b = hooks(bouncer_factory, {"affinity_max": "1"},
+              settings={"pool_mode": "transaction", "default_pool_size": 4})
+    apps = [f"org-{i}" for i in range(40)]
+    conns = {a: b.connect("p0", "pooluser1", application_name=a) for a in apps}
+    held = [b.connect("p0", "pooluser1") for _ in range(4)]
+    for h in held:                      # four transactions at once: four servers
+        h.execute("begin")
+        h.execute("select 1")
+    for h in held:
+        h.execute("commit")
+    seen = {a: set() for a in apps}
+    for _ in range(3):
+        for a in apps:
+            seen[a].add(conns[a].execute("select pg_backend_pid()").fetchone()[0])
+    assert all(len(p) == 1 for p in seen.values()), seen
+    per_backend = {}
+    for a, p in seen.items():
+        per_backend.setdefault(next(iter(p)), []).append(a)
+    assert sorted(len(v) for v in per_backend.values()) == [10, 10, 10, 10], per_backend
+    for c in list(conns.values()) + held:
+        c.close()
+
+
 def test_without_affinity_the_idle_server_used_last_is_taken(bouncer_factory):
     # the control of the test above: plain LIFO puts everybody on one server
     b = hooks(bouncer_factory, {}, settings={"pool_mode": "transaction", "default_pool_size": 3})
