@@ -740,11 +740,11 @@ def test_query_reparse_parses_the_bound_statement_again_before_the_bind(bouncer_
 
 # --------------------------------------------------------------- AFFINITY --
 
-def _pids_by_app(b, apps, rounds):
-    """Warm up three servers, then let each client run alone, in turn."""
+def _pids_by_app(b, apps, rounds, servers=3):
+    """Warm up `servers` servers, then let each client run alone, in turn."""
     conns = {a: b.connect("p0", "pooluser1", application_name=a) for a in apps}
-    held = [b.connect("p0", "pooluser1") for _ in range(3)]
-    for h in held:                      # three transactions at once: three servers
+    held = [b.connect("p0", "pooluser1") for _ in range(servers)]
+    for h in held:                      # that many transactions at once: that many servers
         h.execute("begin")
         h.execute("select 1")
     for h in held:
@@ -772,25 +772,12 @@ def test_affinity_with_far_more_keys_than_servers_keeps_each_key_on_one_server(b
     only the remembered keys, every backend took every key in turn."""
     b = hooks(bouncer_factory, {"affinity_max": "1"},
               settings={"pool_mode": "transaction", "default_pool_size": 4})
-    apps = [f"org-{i}" for i in range(40)]
-    conns = {a: b.connect("p0", "pooluser1", application_name=a) for a in apps}
-    held = [b.connect("p0", "pooluser1") for _ in range(4)]
-    for h in held:                      # four transactions at once: four servers
-        h.execute("begin")
-        h.execute("select 1")
-    for h in held:
-        h.execute("commit")
-    seen = {a: set() for a in apps}
-    for _ in range(3):
-        for a in apps:
-            seen[a].add(conns[a].execute("select pg_backend_pid()").fetchone()[0])
+    seen = {a: set(p) for a, p in _pids_by_app(b, [f"org-{i}" for i in range(40)], 3, servers=4).items()}
     assert all(len(p) == 1 for p in seen.values()), seen
     per_backend = {}
     for a, p in seen.items():
         per_backend.setdefault(next(iter(p)), []).append(a)
     assert sorted(len(v) for v in per_backend.values()) == [10, 10, 10, 10], per_backend
-    for c in list(conns.values()) + held:
-        c.close()
 
 
 def test_without_affinity_the_idle_server_used_last_is_taken(bouncer_factory):
