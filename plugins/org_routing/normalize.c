@@ -181,6 +181,24 @@ static char *string_value(const char *t, size_t len)
 }
 
 /* An integer token's value as the parser prints it (const_text: "%d"). */
+size_t or_format_int(long long x, char *out)
+{
+	char tmp[24];
+	unsigned long long u = x < 0 ? 0ULL - (unsigned long long)x : (unsigned long long)x;
+	size_t n = 0, o = 0;
+
+	do {
+		tmp[n++] = (char)('0' + u % 10);
+		u /= 10;
+	} while (u);
+	if (x < 0)
+		out[o++] = '-';
+	while (n)
+		out[o++] = tmp[--n];
+	out[o] = 0;
+	return o;
+}
+
 static char *integer_value(const char *t, size_t len)
 {
 	char buf[32], *end, *v;
@@ -195,24 +213,27 @@ static char *integer_value(const char *t, size_t len)
 		return NULL;	/* hex/octal/binary or underscores (PostgreSQL 16), or an int8 */
 	v = malloc(24);
 	if (v)
-		snprintf(v, 24, "%lld", x);
+		or_format_int(x, v);
 	return v;
 }
 
 static bool push_lit(struct or_norm *n, char *val, const char *tok, size_t len)
 {
-	char **v = realloc(n->vals, sizeof(*v) * (size_t)(n->n + 1)), **t;
-
-	if (!v)
+	if (n->n == n->cap) {	/* room for 4, 8, 16, ... literals */
+		int cap = n->cap ? 2 * n->cap : 4;
+		char **v = realloc(n->vals, sizeof(*v) * (size_t)cap), **t;
+		if (!v)
+			return false;
+		n->vals = v;
+		t = realloc(n->toks, sizeof(*t) * (size_t)cap);
+		if (!t)
+			return false;
+		n->toks = t;
+		n->cap = cap;
+	}
+	if (!(n->toks[n->n] = strndup(tok, len)))
 		return false;
-	n->vals = v;
-	t = realloc(n->toks, sizeof(*t) * (size_t)(n->n + 1));
-	if (!t)
-		return false;
-	n->toks = t;
-	if (!(t[n->n] = strndup(tok, len)))
-		return false;
-	v[n->n++] = val;
+	n->vals[n->n++] = val;
 	return true;
 }
 
@@ -289,6 +310,7 @@ static bool shape_match(const struct shape *sh, const char *sql, struct or_norm 
 {
 	const char *p = sql;
 	size_t prev = 0;
+	char digits[24];
 
 	for (int i = 0; i < sh->n; i++) {
 		size_t seg = sh->off[i] - prev;
@@ -324,8 +346,8 @@ static bool shape_match(const struct shape *sh, const char *sql, struct or_norm 
 			free(val);
 			return false;
 		}
-		prev = sh->off[i] + (size_t)snprintf(NULL, 0, "$%d", i + 1);	/* (not up to the next non-digit:
-								 * a literal left as written may follow) */
+		/* past "$k" (not up to the next non-digit: a literal left as written may follow) */
+		prev = sh->off[i] + 1 + or_format_int(i + 1, digits);
 	}
 	if (strcmp(p, sh->norm + prev) != 0 || !(out->text = strdup(sh->norm)))
 		return false;

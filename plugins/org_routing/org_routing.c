@@ -417,7 +417,7 @@ static bool normalize(const char *type, const char *in, size_t len, char *out)
 		v = strtoll(buf, &end, 10);
 		if (end == buf || *end)
 			return false;
-		snprintf(out, OR_ORG_MAX + 1, "%lld", v);
+		or_format_int(v, out);		/* OR_ORG_MAX is more than 20 */
 		return true;
 	}
 	if (strcmp(type, "uuid") == 0) {

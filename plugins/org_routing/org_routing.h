@@ -162,11 +162,14 @@ struct or_norm {
 	int n;			/* literals replaced */
 	char **vals;		/* their values as the analysis reads constants (integers printed, strings unquoted) */
 	char **toks;		/* their texts as written */
+	int cap;		/* room in vals and toks */
 };
 
 /* false: not normalized (no literal to replace, or a form left as is); out is then empty. */
 bool or_normalize(const char *sql, struct or_norm *out);
 void or_norm_free(struct or_norm *n);
+/* x in decimal into out (at least 21 bytes); its length. */
+size_t or_format_int(long long x, char *out);
 /* Forget the shapes of normalized texts (see normalize.c); at unload. */
 void or_shapes_free(void);
 /* A rewrite of a normalized text as a template (each $1..$nlits exactly once); NULL: not one. */

@@ -8,6 +8,7 @@
  */
 #include "unit.h"
 
+#include <limits.h>
 #include <stdlib.h>
 
 #include "../../plugins/org_routing/normalize.c"
@@ -67,6 +68,23 @@ static const char *leaf_named(void *arg, const char *schema, const char *table)
 	else
 		return NULL;
 	return buf;
+}
+
+static bool format_int(void)
+{
+	char buf[24];
+	bool ok = true;
+
+	CHECK(or_format_int(0, buf) == 1);
+	CHECK_STR(buf, "0");
+	CHECK(or_format_int(-42, buf) == 3);
+	CHECK_STR(buf, "-42");
+	CHECK(or_format_int(2147483647, buf) == 10);
+	CHECK_STR(buf, "2147483647");
+	CHECK(or_format_int(LLONG_MIN, buf) == 20);
+	CHECK_STR(buf, "-9223372036854775808");
+end:
+	return ok;
 }
 
 static bool templates(void)
@@ -185,6 +203,7 @@ end:
 static const struct unit_case cases[] = {
 	{ "literals become $n", norm_literals },
 	{ "forms left as written", norm_left_as_written },
+	{ "integers written as PostgreSQL writes them", format_int },
 	{ "templates", templates },
 	{ "shapes give what the scanner gives", shapes_give_what_the_scanner_gives },
 	{ NULL, NULL }
