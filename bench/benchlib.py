@@ -115,8 +115,10 @@ def pid_alive(pid):
 def wait_gone(pid, timeout, popen=None):
     deadline = time.monotonic() + timeout
     while True:
-        if popen is not None and popen.poll() is not None:
-            if not pid_alive(pid):
+        # a child of ours is gone once reaped (its exit code is then known);
+        # looking at /proc alone would return between its exit and the reaping
+        if popen is not None:
+            if popen.poll() is not None:
                 return True
         elif not pid_alive(pid):
             return True

@@ -982,7 +982,17 @@ void client_resume(struct client *c)
 
 /* ================= after login ================= */
 
-static const char valid_frontend[] = "QPBEDCHSXdcfF";
+/* Message types a logged-in client may send. */
+static bool valid_frontend(uint8_t type)
+{
+	switch (type) {
+	case 'Q': case 'P': case 'B': case 'E': case 'D': case 'C': case 'H':
+	case 'S': case 'X': case 'd': case 'c': case 'f': case 'F':
+		return true;
+	default:
+		return false;
+	}
+}
 #define PS_BIND_PEEK 1024	/* bytes of a Bind looked at first for its portal and statement names */
 
 /* Move up to `n` bytes of the current message to the server. */
@@ -1002,10 +1012,12 @@ static void forward_bytes(struct client *c, struct evbuffer *in, uint32_t n)
 	s = c->link;
 	out = bufferevent_get_output(s->bev);
 
-	if (take == avail)	/* the whole input: its chains move, nothing is copied or split */
-		evbuffer_add_buffer(out, in);
-	else
+	if (take == avail) {	/* the whole input: sent at once, or its chains move, nothing is copied or split */
+		if (take - conn_send_from(&s->io, in, take) > 0)
+			evbuffer_add_buffer(out, in);
+	} else {
 		evbuffer_remove_buffer(in, out, take);
+	}
 	c->fwd_remaining = n - take;
 	s->pool->stats.bytes_received += take;
 	if (evbuffer_get_length(out) > WRITE_HIGH_WATER) {
@@ -1423,7 +1435,7 @@ static bool client_message(struct client *c, struct evbuffer *in)
 
 	evbuffer_copyout(in, hdr, 5);
 	len = pkt_get_u32(hdr + 1);
-	if (!strchr(valid_frontend, hdr[0]) || hdr[0] == 0) {
+	if (!valid_frontend(hdr[0])) {
 		client_close(c, "08P01", "invalid frontend message type %d", hdr[0]);
 		return false;
 	}

@@ -383,6 +383,8 @@ void conn_read_now(struct conn_io *io);
 void conn_write_idle(struct bufferevent *bev);
 void conn_free(struct conn_io *wt, struct bufferevent *bev);
 void conn_flush_all(void);
+void conn_send_now(struct conn_io *wt);
+size_t conn_send_from(struct conn_io *wt, struct evbuffer *src, size_t n);
 struct bufferevent *conn_bev_for(struct conn_io *io, int fd);
 struct ssl_st;
 bool conn_start_tls(struct conn_io *io, struct ssl_st *ssl, bool accepting);

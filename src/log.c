@@ -41,6 +41,8 @@ static int facility_code(const char *name)
 	return LOG_DAEMON;
 }
 
+int log_max_level = LOG_LVL_INFO;
+
 bool log_setup(const char *file, bool to_stderr, bool use_syslog, const char *ident, const char *facility, int verbose)
 {
 	FILE *f = NULL;
@@ -56,6 +58,7 @@ bool log_setup(const char *file, bool to_stderr, bool use_syslog, const char *id
 	lg.file = f;
 	lg.to_stderr = to_stderr;
 	lg.verbose = verbose;
+	log_max_level = LOG_LVL_INFO + verbose;
 	if (use_syslog && !lg.use_syslog)
 		openlog(ident ? ident : "lokadb", LOG_PID, facility_code(facility));
 	else if (!use_syslog && lg.use_syslog)

@@ -22,7 +22,9 @@ void log_msg(enum log_level lvl, const char *fmt, ...) __attribute__((format(pri
 #define log_error(...)   log_msg(LOG_LVL_ERROR, __VA_ARGS__)
 #define log_warning(...) log_msg(LOG_LVL_WARNING, __VA_ARGS__)
 #define log_info(...)    log_msg(LOG_LVL_INFO, __VA_ARGS__)
-#define log_debug(...)   log_msg(LOG_LVL_DEBUG, __VA_ARGS__)
-#define log_noise(...)   log_msg(LOG_LVL_NOISE, __VA_ARGS__)
+/* The most verbose level written (LOG_LVL_INFO + verbose): debug and noise lines are checked inline. */
+extern int log_max_level;
+#define log_debug(...)   do { if (log_max_level >= LOG_LVL_DEBUG) log_msg(LOG_LVL_DEBUG, __VA_ARGS__); } while (0)
+#define log_noise(...)   do { if (log_max_level >= LOG_LVL_NOISE) log_msg(LOG_LVL_NOISE, __VA_ARGS__); } while (0)
 
 #endif

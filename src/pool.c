@@ -274,14 +274,11 @@ static void append_set(char *buf, size_t len, const char *name, const char *valu
 	snprintf(buf + n, len - n, "';");
 }
 
-/* Make the server's tracked parameters equal to the client's. */
-static void sync_vars(struct client *c, struct server *s)
+/* Send the SETs that make the server's tracked parameters equal to the client's. */
+static __attribute__((noinline)) void sync_vars_send(struct client *c, struct server *s)
 {
 	char sql[2048];
 
-	/* the server still has what this client's variables were when they were last applied to it */
-	if (s->vars_from == c->vars.stamp && s->vars_at == s->vars.stamp)
-		return;
 	sql[0] = 0;
 	for (int i = 0; i < VAR_COUNT; i++) {
 		const char *want = c->vars.v[i];
@@ -294,6 +291,15 @@ static void sync_vars(struct client *c, struct server *s)
 		server_send_hidden(s, sql);
 	s->vars_from = c->vars.stamp;
 	s->vars_at = s->vars.stamp;
+}
+
+/* Make the server's tracked parameters equal to the client's. */
+static void sync_vars(struct client *c, struct server *s)
+{
+	/* the server still has what this client's variables were when they were last applied to it */
+	if (s->vars_from == c->vars.stamp && s->vars_at == s->vars.stamp)
+		return;
+	sync_vars_send(c, s);
 }
 
 static void server_note_key(struct server *s, uint64_t key, int max);

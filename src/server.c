@@ -517,10 +517,12 @@ static void move_bytes(struct server *s, struct evbuffer *in, uint32_t n)
 		evbuffer_drain(in, take);
 	} else {
 		struct evbuffer *out = bufferevent_get_output(c->bev);
-		if (take == avail)	/* the whole input: its chains move, nothing is copied or split */
-			evbuffer_add_buffer(out, in);
-		else
+		if (take == avail) {	/* the whole input: sent at once, or its chains move, nothing is copied or split */
+			if (take - conn_send_from(&c->io, in, take) > 0)
+				evbuffer_add_buffer(out, in);
+		} else {
 			evbuffer_remove_buffer(in, out, take);
+		}
 		s->pool->stats.bytes_sent += take;
 		if (evbuffer_get_length(out) > WRITE_HIGH_WATER) {
 			s->throttled = true;
@@ -664,6 +666,8 @@ static void handle_rfq(struct server *s, struct evbuffer *in, const uint8_t *hdr
 		return;
 	}
 	s->ready = true;
+	if (c && !c->closing)
+		conn_send_now(&c->io);
 	server_became_ready(s);
 }
 

@@ -272,6 +272,59 @@ static void conn_flush_one(struct conn_io *wt)
 		writecb(bev, cbarg);
 }
 
+/*
+ * Send what wt has queued now, ahead of the end of the loop turn: a reply
+ * that completes a transaction leaves before the pool hands its server on,
+ * so the client does not wait for that bookkeeping. wt stays queued; the
+ * write callback still runs from conn_flush_all(), as before.
+ */
+void conn_send_now(struct conn_io *wt)
+{
+	struct bufferevent *bev = wt->bev;
+	struct evbuffer *buf;
+	int fd;
+
+	if (!wt->queued || wt->tls || !bev)
+		return;
+	fd = bufferevent_getfd(bev);
+	if (fd < 0 || (bufferevent_get_enabled(bev) & EV_WRITE))
+		return;
+	buf = bufferevent_get_output(bev);
+	evbuffer_unfreeze(buf, 1);
+	conn_send(buf, fd);
+	evbuffer_freeze(buf, 1);
+}
+
+/*
+ * The forwarding fast path: the last n bytes of src (all it holds) go
+ * straight to wt's socket with one send() when wt has nothing queued, so a
+ * small reply skips its trip through the output buffer, the buffer
+ * callbacks and the end-of-turn flush. Only the move that empties src
+ * comes here, so a read still costs at most one send() per direction.
+ * Returns the bytes sent (drained from src); the caller moves the rest to
+ * the output buffer as before (0: nothing sent, TLS, a socket that is
+ * full or failing: the output buffer's path reports errors).
+ */
+size_t conn_send_from(struct conn_io *wt, struct evbuffer *src, size_t n)
+{
+	struct bufferevent *bev = wt->bev;
+	unsigned char *p;
+	ssize_t r;
+	int fd;
+
+	if (wt->tls || !bev || evbuffer_get_contiguous_space(src) < n ||
+	    evbuffer_get_length(bufferevent_get_output(bev)) != 0 || (bufferevent_get_enabled(bev) & EV_WRITE))
+		return 0;
+	fd = bufferevent_getfd(bev);
+	if (fd < 0 || !(p = evbuffer_pullup(src, (ssize_t)n)))
+		return 0;
+	r = send(fd, p, n, MSG_NOSIGNAL);
+	if (r <= 0)
+		return 0;
+	evbuffer_drain(src, (size_t)r);
+	return (size_t)r;
+}
+
 /* rt->flush_ev: write every queued output buffer. */
 void conn_flush_all(void)
 {
