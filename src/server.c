@@ -817,12 +817,11 @@ static bool inspect_message(struct server *s, struct evbuffer *in, const uint8_t
 /* n bytes of `in` from offset off, false when they are not all there. */
 static bool copy_at(struct evbuffer *in, size_t off, uint8_t *out, size_t n)
 {
-	struct evbuffer_iovec v;
 	struct evbuffer_ptr at;
 
-	/* the usual case: the first chain holds them (a reply read in one recv) */
-	if (evbuffer_peek(in, (ev_ssize_t)(off + n), NULL, &v, 1) == 1 && v.iov_len >= off + n) {
-		memcpy(out, (const uint8_t *)v.iov_base + off, n);
+	/* the usual case: the first chain holds them (a reply read in one recv): pullup then copies nothing */
+	if (evbuffer_get_contiguous_space(in) >= off + n) {
+		memcpy(out, evbuffer_pullup(in, (ev_ssize_t)(off + n)) + off, n);
 		return true;
 	}
 	return evbuffer_ptr_set(in, &at, off, EVBUFFER_PTR_SET) == 0 && evbuffer_copyout_from(in, &at, out, n) == (ev_ssize_t)n;
