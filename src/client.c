@@ -928,26 +928,84 @@ static void client_login_done(struct client *c)
 	}
 }
 
-/* AuthenticationOk, the parameters, BackendKeyData and ReadyForQuery. */
-void client_welcome(struct client *c)
+/*
+ * The pool's welcome[] as ParameterStatus messages, built at its first
+ * client_welcome() (welcome[] does not change once welcome_ready): a login
+ * then copies runs of them instead of formatting a dozen messages.
+ */
+static bool welcome_wire(struct pool *p)
 {
-	struct pktbuf *pb = &rt->pb;
-	struct pool *p = c->pool;
-	bool sent[VAR_COUNT] = { false };
+	struct pktbuf pb;
+	uint32_t *off;
 
-	pkt_auth_req(pb, 0, NULL, 0);
-	for (int i = 0; p && i < p->n_welcome; i++) {
+	if (p->welcome_off && p->welcome_wire_n == p->n_welcome)
+		return true;
+	free(p->welcome_wire);
+	free(p->welcome_off);
+	p->welcome_wire = NULL;
+	p->welcome_off = NULL;
+	off = malloc(sizeof(*off) * (size_t)(p->n_welcome + 1));
+	if (!off)
+		return false;
+	pkt_init(&pb);
+	for (int i = 0; i < p->n_welcome; i++) {
+		off[i] = (uint32_t)pb.len;
+		pkt_param_status(&pb, p->welcome[i].name, p->welcome[i].value);
+	}
+	off[p->n_welcome] = (uint32_t)pb.len;
+	if (pb.failed) {
+		pkt_free(&pb);
+		free(off);
+		return false;
+	}
+	p->welcome_wire = pb.data;	/* taken from pb */
+	p->welcome_off = off;
+	p->welcome_wire_n = p->n_welcome;
+	return true;
+}
+
+/* The pool's welcome[]: its own values, or the client's where it set one that differs. */
+static void welcome_params(struct client *c, struct pktbuf *pb, bool sent[VAR_COUNT])
+{
+	struct pool *p = c->pool;
+	bool wire = welcome_wire(p);
+	uint32_t run = 0;	/* start of the welcome_wire bytes not yet copied */
+
+	for (int i = 0; i < p->n_welcome; i++) {
 		int id = p->welcome[i].var;
 		const char *v = p->welcome[i].value;
 		if (id >= 0) {
 			if (!c->vars.v[id])
 				varcache_set(&c->vars, (enum var_id)id, v);
-			v = c->vars.v[id];
 			sent[id] = true;
+			if (wire && strcmp(c->vars.v[id], v) == 0)
+				continue;
+			v = c->vars.v[id];
+		} else if (wire) {
+			continue;
+		}
+		if (wire) {
+			pkt_put_bytes(pb, p->welcome_wire + run, p->welcome_off[i] - run);
+			run = p->welcome_off[i + 1];
 		}
 		pkt_param_status(pb, p->welcome[i].name, v);
 	}
-	if (!p) {
+	if (wire)
+		pkt_put_bytes(pb, p->welcome_wire + run, p->welcome_off[p->n_welcome] - run);
+}
+
+/* AuthenticationOk, the parameters, BackendKeyData and ReadyForQuery. */
+void client_welcome(struct client *c)
+{
+	static const uint8_t auth_ok[] = { 'R', 0, 0, 0, 8, 0, 0, 0, 0 };
+	struct pktbuf *pb = &rt->pb;
+	bool sent[VAR_COUNT] = { false };
+	uint8_t tail[13 + 6] = { 'K', 0, 0, 0, 12 };
+
+	pkt_put_bytes(pb, auth_ok, sizeof(auth_ok));
+	if (c->pool) {
+		welcome_params(c, pb, sent);
+	} else {
 		pkt_param_status(pb, "server_version", "15.0 (lokadb " LOKADB_VERSION ")");
 		pkt_param_status(pb, "server_encoding", "UTF8");
 		pkt_param_status(pb, "client_encoding", c->vars.v[VAR_CLIENT_ENCODING] ? c->vars.v[VAR_CLIENT_ENCODING] : "UTF8");
@@ -961,10 +1019,10 @@ void client_welcome(struct client *c)
 	for (int i = 0; i < VAR_COUNT; i++)
 		if (!sent[i] && c->vars.v[i])
 			pkt_param_status(pb, varcache_name((enum var_id)i), c->vars.v[i]);
-	pkt_begin(pb, 'K');
-	pkt_put_bytes(pb, c->cancel_key, 8);
-	pkt_end(pb);
-	pkt_ready(pb, 'I');
+	/* BackendKeyData, then ReadyForQuery 'I' */
+	memcpy(tail + 5, c->cancel_key, 8);
+	memcpy(tail + 13, "Z\0\0\0\5I", 6);
+	pkt_put_bytes(pb, tail, sizeof(tail));
 	pkt_send(pb, bufferevent_get_output(c->bev));
 	c->request_time = now_mono();
 }

@@ -58,9 +58,13 @@
 /* ParameterStatus values the pooler keeps equal between client and server. */
 enum var_id { VAR_CLIENT_ENCODING, VAR_DATESTYLE, VAR_TIMEZONE, VAR_STD_STRINGS, VAR_APPNAME, VAR_INTERVALSTYLE, VAR_COUNT };
 
+#define VAR_INLINE 32		/* values shorter than this live in struct varcache itself */
+
+/* v[id] points into inl[id] or to a malloc'ed copy: never copy the struct, never free v[] yourself. */
 struct varcache {
 	char *v[VAR_COUNT];
 	uint64_t stamp;		/* changes with every change of v[]: unique over the process */
+	char inl[VAR_COUNT][VAR_INLINE];
 };
 
 enum client_state {
@@ -291,6 +295,9 @@ struct pool {
 	struct param *welcome;		/* ParameterStatus of the first server */
 	int n_welcome;
 	bool welcome_ready;
+	uint8_t *welcome_wire;		/* client_welcome(): welcome[] as ParameterStatus messages, */
+	uint32_t *welcome_off;		/* welcome[i] at welcome_off[i] (n_welcome + 1 offsets) */
+	int welcome_wire_n;		/* n_welcome they were built for */
 	usec_t last_connect_fail;	/* monotonic */
 	char *last_error;
 	struct lk_stats stats, prev_stats, avg;

@@ -1220,6 +1220,8 @@ void pool_free_all(void)
 			free(p->welcome[i].value);
 		}
 		free(p->welcome);
+		free(p->welcome_wire);
+		free(p->welcome_off);
 		free(p->user);
 		free(p->login_user);
 		free(p->login_password);

@@ -148,19 +148,34 @@ int varcache_lookup(const char *name)
 
 static uint64_t var_stamp;
 
+/*
+ * A value shorter than VAR_INLINE is kept in vc->inl[id], without malloc:
+ * the usual ones (encodings, DateStyle, time zones, short application
+ * names) cost a client login no allocation.
+ */
 void varcache_set(struct varcache *vc, enum var_id id, const char *value)
 {
+	size_t n;
+
 	if (vc->v[id] && value && strcmp(vc->v[id], value) == 0)
 		return;
-	free(vc->v[id]);
-	vc->v[id] = xstrdup(value);
+	if (vc->v[id] != vc->inl[id])
+		free(vc->v[id]);
+	vc->v[id] = NULL;
+	if (value && (n = strlen(value)) < VAR_INLINE) {
+		memcpy(vc->inl[id], value, n + 1);
+		vc->v[id] = vc->inl[id];
+	} else if (value) {
+		vc->v[id] = xstrdup(value);
+	}
 	vc->stamp = ++var_stamp;
 }
 
 void varcache_free(struct varcache *vc)
 {
 	for (int i = 0; i < VAR_COUNT; i++) {
-		free(vc->v[i]);
+		if (vc->v[i] != vc->inl[i])
+			free(vc->v[i]);
 		vc->v[i] = NULL;
 	}
 	vc->stamp = ++var_stamp;
