@@ -29,7 +29,7 @@ struct admin_ctx {
 
 bool admin_is_dbname(const char *name)
 {
-	return strcmp(name, "lokadb") == 0 || strcmp(name, "pgbouncer") == 0;
+	return (name[0] == 'l' && strcmp(name, "lokadb") == 0) || (name[0] == 'p' && strcmp(name, "pgbouncer") == 0);
 }
 
 static const struct show_view *find_view(const char *name);

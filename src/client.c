@@ -48,6 +48,97 @@ const char *client_ident(const struct client *c, char *buf, size_t len)
 	return buf;
 }
 
+/*
+ * A copy of s that lives as long as c: in c->strs while there is room (a
+ * login then allocates nothing for its user, database and secret), else
+ * malloc'ed. Give it back with client_str_free(), never free().
+ */
+static char *client_strdup(struct client *c, const char *s)
+{
+	size_t n;
+	char *r;
+
+	if (!s)
+		return NULL;
+	n = strlen(s) + 1;
+	if (n > sizeof(c->strs) - c->strs_used)
+		return xstrdup(s);
+	r = c->strs + c->strs_used;
+	memcpy(r, s, n);
+	c->strs_used += (uint32_t)n;
+	return r;
+}
+
+/* Frees a client_strdup() copy (or a malloc'ed string handed to the client). */
+static void client_str_free(struct client *c, char *s)
+{
+	if (s < c->strs || s >= c->strs + sizeof(c->strs))
+		free(s);
+}
+
+void client_strings_free(struct client *c)
+{
+	client_str_free(c, c->user);
+	client_str_free(c, c->dbname);
+	client_str_free(c, c->secret);
+	c->user = c->dbname = c->secret = NULL;
+}
+
+/*
+ * The end of a client object (at the end of the loop turn after its close).
+ * Up to CONN_SPARES_MAX are kept for the next accepted connections: with
+ * their spare bufferevents (conn_bev_for()) they keep its callback.
+ */
+void client_release(struct client *c)
+{
+	varcache_free(&c->vars);
+	scram_server_free(c->scram);
+	client_strings_free(c);
+	if (rt->n_client_cache < CONN_SPARES_MAX) {
+		rt->client_cache[rt->n_client_cache++] = c;
+		return;
+	}
+	free(c);
+}
+
+void client_cache_free(void)
+{
+	while (rt->n_client_cache > 0)
+		free(rt->client_cache[--rt->n_client_cache]);
+}
+
+/* A zeroed client object: a released one if there is one. */
+static struct client *client_new(void)
+{
+	struct client *c;
+
+	if (rt->n_client_cache == 0)
+		return xcalloc(1, sizeof(*c));
+	c = rt->client_cache[--rt->n_client_cache];
+	memset(c, 0, sizeof(*c));
+	return c;
+}
+
+/*
+ * A login reply: straight to the socket when nothing is queued before it
+ * (one send() instead of a chain allocated, queued, flushed and freed);
+ * what the kernel does not take, or any error, goes through the output
+ * buffer as every other reply does.
+ */
+static void client_send_now(struct client *c, const void *data, size_t len)
+{
+	struct evbuffer *out = bufferevent_get_output(c->bev);
+	ssize_t n = 0;
+
+	if (!c->tls && c->io.rd && evbuffer_get_length(out) == 0) {
+		n = send(event_get_fd(c->io.rd), data, len, MSG_NOSIGNAL);
+		if (n < 0)
+			n = 0;
+	}
+	if ((size_t)n < len)
+		evbuffer_add(out, (const uint8_t *)data + n, len - (size_t)n);
+}
+
 static void set_sock_opts(int fd, bool is_unix)
 {
 	/* the listener accepts with SOCK_NONBLOCK | SOCK_CLOEXEC already */
@@ -60,7 +151,7 @@ void client_accept(int fd, const struct sockaddr *sa, int salen, bool is_unix)
 	struct client *c;
 
 	set_sock_opts(fd, is_unix);
-	c = xcalloc(1, sizeof(*c));
+	c = client_new();
 	c->id = ++rt->next_id;
 	c->state = CL_LOGIN;
 	if (salen > 0 && (size_t)salen <= sizeof(c->addr))
@@ -79,7 +170,8 @@ void client_accept(int fd, const struct sockaddr *sa, int salen, bool is_unix)
 	rt->n_clients++;
 	bufferevent_setcb(c->bev, client_read_cb, client_write_cb, client_event_cb, c);
 	bufferevent_setwatermark(c->bev, EV_WRITE, WRITE_LOW_WATER, 0);
-	bufferevent_disable(c->bev, EV_WRITE);
+	if (bufferevent_get_enabled(c->bev))	/* a new one has EV_WRITE on; a spare nothing */
+		bufferevent_disable(c->bev, EV_WRITE);
 	conn_write_through(&c->io, c->bev);
 	if (!conn_io_start(&c->io, CLIENT_READ_HIGH)) {
 		client_close(c, NULL, "out of memory");
@@ -232,11 +324,11 @@ static bool startup_param(struct client *c, const char *key, const char *val)
 	int id;
 
 	if (strcmp(key, "user") == 0) {
-		free(c->user);
-		c->user = xstrdup(val);
+		client_str_free(c, c->user);
+		c->user = client_strdup(c, val);
 	} else if (strcmp(key, "database") == 0) {
-		free(c->dbname);
-		c->dbname = xstrdup(val);
+		client_str_free(c, c->dbname);
+		c->dbname = client_strdup(c, val);
 	} else if ((id = varcache_lookup(key)) >= 0) {
 		varcache_set(&c->vars, (enum var_id)id, val);
 	} else if (strcmp(key, "options") == 0) {
@@ -358,8 +450,8 @@ static bool parse_startup(struct client *c, uint8_t *buf, uint32_t len, uint32_t
 		return false;
 	}
 	if (!c->dbname || !*c->dbname) {
-		free(c->dbname);
-		c->dbname = xstrdup(c->user);
+		client_str_free(c, c->dbname);
+		c->dbname = client_strdup(c, c->user);
 	}
 	return true;
 }
@@ -456,7 +548,7 @@ static bool read_startup(struct client *c, struct evbuffer *in)
 		}
 		if (code == PROTO_SSL_CODE && !c->tls && c->addr.ss_family != AF_UNIX && tls_client_enabled())
 			return client_start_tls(c, in);
-		bufferevent_write(c->bev, "N", 1);
+		client_send_now(c, "N", 1);
 		return true;
 	}
 	if (!c->tls && rt->cf->client_tls_sslmode >= SSL_REQUIRE && c->addr.ss_family != AF_UNIX &&
@@ -618,7 +710,7 @@ static void client_auth_start(struct client *c)
 		const struct auth_entry *ae = config_find_auth(rt->cf, c->user);
 		if (!ae && c->db && !admin_is_dbname(c->dbname) && authq_start(c))
 			return;		/* c->authq: client_authq_done() goes on */
-		c->secret = ae ? xstrdup(ae->secret) : NULL;
+		c->secret = ae ? client_strdup(c, ae->secret) : NULL;
 	}
 	client_auth_method(c);
 }
@@ -633,7 +725,7 @@ void client_authq_done(struct client *c, const char *secret, const char *error)
 		client_close(c, "08001", "could not look up the password of user \"%s\" (auth_query): %s", c->user, error);
 		return;
 	}
-	c->secret = secret ? xstrdup(secret) : NULL;
+	c->secret = secret ? client_strdup(c, secret) : NULL;
 	if (!c->secret)
 		c->secret_missing = true;
 	client_auth_method(c);
@@ -658,7 +750,7 @@ static void client_auth_lookup_decided(struct client *c)
 			c->secret_missing = true;
 	} else {
 		const struct auth_entry *ae = config_find_auth(rt->cf, c->user);
-		c->secret = ae ? xstrdup(ae->secret) : NULL;
+		c->secret = ae ? client_strdup(c, ae->secret) : NULL;
 	}
 	free(secret);
 	c->lev = NULL;
@@ -975,11 +1067,14 @@ static void welcome_params(struct client *c, struct pktbuf *pb, bool sent[VAR_CO
 		int id = p->welcome[i].var;
 		const char *v = p->welcome[i].value;
 		if (id >= 0) {
-			if (!c->vars.v[id])
-				varcache_set(&c->vars, (enum var_id)id, v);
 			sent[id] = true;
-			if (wire && strcmp(c->vars.v[id], v) == 0)
+			if (!c->vars.v[id]) {
+				varcache_set(&c->vars, (enum var_id)id, v);
+				if (wire)
+					continue;
+			} else if (wire && strcmp(c->vars.v[id], v) == 0) {
 				continue;
+			}
 			v = c->vars.v[id];
 		} else if (wire) {
 			continue;
@@ -1023,7 +1118,9 @@ void client_welcome(struct client *c)
 	memcpy(tail + 5, c->cancel_key, 8);
 	memcpy(tail + 13, "Z\0\0\0\5I", 6);
 	pkt_put_bytes(pb, tail, sizeof(tail));
-	pkt_send(pb, bufferevent_get_output(c->bev));
+	if (!pb->failed)
+		client_send_now(c, pb->data, pb->len);
+	pkt_reset(pb);
 	c->request_time = now_mono();
 }
 

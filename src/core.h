@@ -53,6 +53,7 @@
 #define CLIENT_READ_HIGH (256 * 1024)	/* unread client input kept at most (waiting clients keep reading to see EOF) */
 #define CONSOLE_QUERY_MAX (64 * 1024)
 #define JANITOR_PERIOD_USEC 200000
+#define CLIENT_STRS 128		/* bytes of a client's user, dbname and secret kept without malloc */
 #define AFF_SLOTS 32			/* affinity keys a server remembers at most */
 
 /* ParameterStatus values the pooler keeps equal between client and server. */
@@ -110,12 +111,15 @@ struct conn_io {
 	struct ssl_st *ssl;		/* TLS on the bufferevent's socket (util.c, tls.c) */
 	struct event *wr;		/* TLS: our write event while the kernel is full */
 	unsigned long ssl_err;		/* TLS: the OpenSSL error that ended the connection */
+	struct evbuffer_cb_entry *out_cb;	/* conn_write_through()'s callback on the output */
 };
 
 #define CONN_SPARES_MAX 64
 struct conn_spare {
 	struct bufferevent *bev;
 	struct event *rd;
+	struct evbuffer_cb_entry *out_cb;	/* disabled, its argument `owner` */
+	struct conn_io *owner;
 };
 TAILQ_HEAD(conn_io_list, conn_io);
 
@@ -167,9 +171,11 @@ struct client {
 	struct lk_db *db;
 	struct server *link;
 	struct sockaddr_storage addr, local;
-	char *user;
+	char *user;			/* user, dbname, secret: client_strdup() copies, */
 	char *dbname;
 	struct varcache vars;
+	char strs[CLIENT_STRS];		/* ... kept here while they fit (client_str_free()) */
+	uint32_t strs_used;
 	uint8_t cancel_key[8];
 	usec_t connect_time;		/* wall clock */
 	usec_t login_start;		/* monotonic, for client_login_timeout */
@@ -356,13 +362,15 @@ struct lk_runtime {
 	char readbuf[16384];		/* socket reads land here before their evbuffer */
 	struct conn_spare spares[CONN_SPARES_MAX];	/* closed clients' bufferevents for reuse */
 	int n_spares;
+	struct client *client_cache[CONN_SPARES_MAX];	/* freed client objects for reuse */
+	int n_client_cache;
 	struct lk_plugin **plugins;	/* in `plugins =` order */
 	int n_plugins;
 	struct hook_chain hooks[LK_HOOK_COUNT];
 	struct peer_group *peers;	/* peers.c: the [peers] group (NULL until first used) */
 	struct metrics *metrics;	/* metrics.c: the Prometheus endpoint and what plugins registered */
 	struct ps_cache *ps_cache;	/* prepared statements of every pool (prepared.c) */
-	uint8_t rand_pool[256];		/* random_bytes(): unread CSPRNG output */
+	uint8_t rand_pool[4096];	/* random_bytes(): unread CSPRNG output */
 	size_t rand_pos;		/* bytes of rand_pool already handed out */
 };
 
@@ -402,6 +410,9 @@ void client_accept(int fd, const struct sockaddr *sa, int salen, bool is_unix);
 void client_process(struct client *c);
 void client_close(struct client *c, const char *sqlstate, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void client_welcome(struct client *c);
+void client_strings_free(struct client *c);
+void client_release(struct client *c);
+void client_cache_free(void);
 void client_resume(struct client *c);
 const char *client_ident(const struct client *c, char *buf, size_t len);
 void client_free_now(struct client *c);
