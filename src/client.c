@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include <event2/util.h>
+#include <openssl/crypto.h>
 
 static void client_read_cb(struct bufferevent *bev, void *arg);
 static void client_write_cb(struct bufferevent *bev, void *arg);
@@ -424,12 +425,12 @@ static bool parse_startup(struct client *c, uint8_t *buf, uint32_t len, uint32_t
 		}
 		val = p;
 		p += strlen(p) + 1;
-		if (strncmp(key, "_pq_.", 5) == 0) {
+		if (key[0] == '_' && strncmp(key, "_pq_.", 5) == 0) {
 			if (n_unknown < 32)
 				unknown[n_unknown++] = key;
 			continue;
 		}
-		if (strcmp(key, "options") == 0)
+		if (key[0] == 'o' && strcmp(key, "options") == 0)
 			options = val;
 		if (!startup_param(c, key, val))
 			return false;
@@ -539,9 +540,8 @@ static bool read_startup(struct client *c, struct evbuffer *in)
 	}
 	if (avail < len)
 		return false;
-	evbuffer_drain(in, 8);
 	if (code == PROTO_SSL_CODE || code == PROTO_GSSENC_CODE) {
-		evbuffer_drain(in, len - 8);
+		evbuffer_drain(in, len);
 		if (len != 8) {
 			client_close(c, "08P01", "invalid length of startup packet");
 			return false;
@@ -556,7 +556,12 @@ static bool read_startup(struct client *c, struct evbuffer *in)
 		client_close(c, "28000", "SSL required");
 		return false;
 	}
-	body = evbuffer_pullup(in, len - 8);
+	body = evbuffer_pullup(in, len);	/* header and body: one drain once it is parsed */
+	if (!body) {
+		client_close(c, "53200", "out of memory");
+		return false;
+	}
+	body += 8;
 	if (code == PROTO_CANCEL_CODE) {
 		if (len == 16)
 			handle_cancel(c, body);
@@ -571,7 +576,7 @@ static bool read_startup(struct client *c, struct evbuffer *in)
 	}
 	if (!parse_startup(c, body, len - 8, code & 0xffff))
 		return false;
-	evbuffer_drain(in, len - 8);
+	evbuffer_drain(in, len);
 	if (rt->shutdown != SHUT_NONE && c->addr.ss_family == AF_UNIX && !admin_is_dbname(c->dbname)) {
 		/* TCP listeners close at shutdown (a client accepted meanwhile is served);
 		 * the unix socket stays open for the console only */
@@ -894,6 +899,8 @@ static void sasl_step(struct client *c, const uint8_t *body, uint32_t len)
 	auth_request(c, 12, out, strlen(out));
 	free(out);
 	c->has_scram_keys = scram_server_keys(c->scram, c->scram_keys, c->scram_keys + 32);
+	if (!c->has_scram_keys)
+		OPENSSL_cleanse(c->scram_keys, sizeof(c->scram_keys));
 	scram_server_free(c->scram);
 	c->scram = NULL;
 	client_login_done(c);

@@ -129,24 +129,25 @@ void tcp_tune(int fd)
 
 /* ---- varcache ---- */
 
-static const char *const var_names[VAR_COUNT] = {
-	"client_encoding", "DateStyle", "TimeZone", "standard_conforming_strings",
-	"application_name", "IntervalStyle",
+#define VAR_NAME(s) { s, sizeof(s) - 1 }
+static const struct { const char *name; size_t len; } var_names[VAR_COUNT] = {
+	VAR_NAME("client_encoding"), VAR_NAME("DateStyle"), VAR_NAME("TimeZone"),
+	VAR_NAME("standard_conforming_strings"), VAR_NAME("application_name"), VAR_NAME("IntervalStyle"),
 };
 
 const char *varcache_name(enum var_id id)
 {
-	return var_names[id];
+	return var_names[id].name;
 }
 
-/* The names' lengths differ: one strcasecmp() at most. */
+/* The names' lengths all differ: one strcasecmp() at most. */
 int varcache_lookup(const char *name)
 {
 	size_t n = strlen(name);
 
 	for (int i = 0; i < VAR_COUNT; i++)
-		if (strlen(var_names[i]) == n)
-			return strcasecmp(var_names[i], name) == 0 ? i : -1;
+		if (var_names[i].len == n)
+			return strcasecmp(var_names[i].name, name) == 0 ? i : -1;
 	return -1;
 }
 
@@ -785,9 +786,11 @@ static bool conn_spare_put(struct bufferevent *bev, struct event *rd, struct evb
 	evbuffer_unfreeze(in, 0);	/* conn_read_cb() and a flush leave them frozen */
 	evbuffer_unfreeze(out, 1);
 	evutil_closesocket(fd);
-	evbuffer_drain(in, evbuffer_get_length(in));
-	evbuffer_drain(out, evbuffer_get_length(out));
-	bufferevent_setwatermark(bev, EV_READ | EV_WRITE, 0, 0);
+	if (evbuffer_get_length(in) > 0)
+		evbuffer_drain(in, evbuffer_get_length(in));
+	if (evbuffer_get_length(out) > 0)
+		evbuffer_drain(out, evbuffer_get_length(out));
+	/* watermarks: only EV_WRITE's is used, and client_accept() sets it */
 	rt->spares[rt->n_spares].bev = bev;
 	rt->spares[rt->n_spares].rd = rd;
 	rt->spares[rt->n_spares].out_cb = out_cb;
