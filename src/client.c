@@ -147,6 +147,48 @@ static void set_sock_opts(int fd, bool is_unix)
 		tcp_tune(fd);
 }
 
+/*
+ * TCP_DEFER_ACCEPT: the first packet is usually here already, so it is read
+ * at once, as conn_read_now() would. A lone SSLRequest or GSSENCRequest
+ * (libpq's default sslmode=prefer) with TLS off for clients gets its 'N'
+ * here, without entering the input buffer (a chain allocated and freed).
+ */
+static void client_first_read(struct client *c, int fd)
+{
+	struct evbuffer *in;
+	uint32_t code;
+	ssize_t n;
+
+	if (!c->io.rd_on)
+		return;		/* SUSPENDed: read once resumed */
+	if (tls_client_enabled()) {
+		conn_read_now(&c->io);
+		return;
+	}
+	n = recv(fd, rt->readbuf, sizeof(rt->readbuf), 0);
+	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+		return;
+	if (n == 0) {
+		client_close(c, NULL, "client unexpected eof");
+		return;
+	}
+	if (n < 0) {
+		client_close(c, NULL, "client socket error: %s", evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+		return;
+	}
+	rt->now = now_mono();
+	code = n == 8 && pkt_get_u32((const uint8_t *)rt->readbuf) == 8 ? pkt_get_u32((const uint8_t *)rt->readbuf + 4) : 0;
+	if (code == PROTO_SSL_CODE || code == PROTO_GSSENC_CODE) {
+		client_send_now(c, "N", 1);
+		return;
+	}
+	in = bufferevent_get_input(c->bev);
+	evbuffer_unfreeze(in, 0);	/* the bufferevent keeps its input's end frozen */
+	evbuffer_add(in, rt->readbuf, (size_t)n);
+	evbuffer_freeze(in, 0);
+	client_process(c);
+}
+
 void client_accept(int fd, const struct sockaddr *sa, int salen, bool is_unix)
 {
 	struct client *c;
@@ -185,7 +227,7 @@ void client_accept(int fd, const struct sockaddr *sa, int salen, bool is_unix)
 	}
 	conn_want_read(&c->io, true);
 	if (!is_unix)
-		conn_read_now(&c->io);	/* TCP_DEFER_ACCEPT: the startup packet is usually here already */
+		client_first_read(c, fd);
 }
 
 /*

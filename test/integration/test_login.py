@@ -129,3 +129,26 @@ def test_console_login_after_pool_logins(bouncer, n):
         assert c.info.parameter_status("server_encoding") == "UTF8"
         rows = c.execute("show clients").fetchall()
         assert len(rows) >= 1
+
+
+def test_sslrequest_alone_or_with_the_startup_packet(bouncer):
+    ssl_request = struct.pack("!II", 8, SSL_REQUEST_CODE)
+    startup = startup_packet({"user": "trustuser", "database": "p0"})
+    for together in (False, True, False, True):
+        with Wire(port=bouncer.port) as w:
+            if together:
+                w.send(ssl_request + startup)
+            else:
+                w.send(ssl_request)
+                assert w.read_exact(1) == b"N"
+                w.send(startup)
+            if together:
+                assert w.read_exact(1) == b"N"
+            assert w.finish_login("trustuser") is None
+            w.send_msg(b"Q", b"select 7\0")
+            assert w.read_msg()[0] == b"T"
+    # an SSLRequest of the wrong length is refused as before
+    with Wire(port=bouncer.port) as w:
+        w.send(struct.pack("!III", 12, SSL_REQUEST_CODE, 0))
+        typ, payload = w.read_msg()
+        assert typ == b"E" and b"invalid length of startup packet" in payload
