@@ -1118,7 +1118,7 @@ static void welcome_params(struct client *c, struct pktbuf *pb, bool sent[VAR_CO
 		if (id >= 0) {
 			sent[id] = true;
 			if (!c->vars.v[id]) {
-				varcache_set(&c->vars, (enum var_id)id, v);
+				varcache_set_shared(&c->vars, (enum var_id)id, v);	/* p->welcome lives until exit */
 				if (wire)
 					continue;
 			} else if (wire && strcmp(c->vars.v[id], v) == 0) {

@@ -61,10 +61,15 @@ enum var_id { VAR_CLIENT_ENCODING, VAR_DATESTYLE, VAR_TIMEZONE, VAR_STD_STRINGS,
 
 #define VAR_INLINE 32		/* values shorter than this live in struct varcache itself */
 
-/* v[id] points into inl[id] or to a malloc'ed copy: never copy the struct, never free v[] yourself. */
+/*
+ * v[id] points into inl[id], to a malloc'ed copy, or (bit id of `shared`) to
+ * a string that outlives the varcache (varcache_set_shared()): never copy
+ * the struct, never free v[] yourself.
+ */
 struct varcache {
 	char *v[VAR_COUNT];
 	uint64_t stamp;		/* changes with every change of v[]: unique over the process */
+	unsigned shared;
 	char inl[VAR_COUNT][VAR_INLINE];
 };
 
@@ -386,6 +391,7 @@ void *xcalloc(size_t n, size_t size);
 const char *addr_to_str(const struct sockaddr_storage *ss, char *buf, size_t len, int *port);
 void varcache_free(struct varcache *vc);
 void varcache_set(struct varcache *vc, enum var_id id, const char *value);
+void varcache_set_shared(struct varcache *vc, enum var_id id, const char *value);
 int varcache_lookup(const char *name);
 const char *varcache_name(enum var_id id);
 

@@ -158,15 +158,21 @@ static uint64_t var_stamp;
  * the usual ones (encodings, DateStyle, time zones, short application
  * names) cost a client login no allocation.
  */
+static bool var_owned(const struct varcache *vc, int id)
+{
+	return vc->v[id] != vc->inl[id] && !(vc->shared & (1u << id));
+}
+
 void varcache_set(struct varcache *vc, enum var_id id, const char *value)
 {
 	size_t n;
 
 	if (vc->v[id] && value && strcmp(vc->v[id], value) == 0)
 		return;
-	if (vc->v[id] != vc->inl[id])
+	if (var_owned(vc, id))
 		free(vc->v[id]);
 	vc->v[id] = NULL;
+	vc->shared &= ~(1u << id);
 	if (value && (n = strlen(value)) < VAR_INLINE) {
 		memcpy(vc->inl[id], value, n + 1);
 		vc->v[id] = vc->inl[id];
@@ -176,13 +182,29 @@ void varcache_set(struct varcache *vc, enum var_id id, const char *value)
 	vc->stamp = ++var_stamp;
 }
 
+/*
+ * value without a copy: it must outlive vc (a pool's welcome value, kept
+ * until exit, for its clients' varcaches).
+ */
+void varcache_set_shared(struct varcache *vc, enum var_id id, const char *value)
+{
+	if (vc->v[id] == value)
+		return;
+	if (var_owned(vc, id))
+		free(vc->v[id]);
+	vc->v[id] = (char *)value;
+	vc->shared |= 1u << id;
+	vc->stamp = ++var_stamp;
+}
+
 void varcache_free(struct varcache *vc)
 {
 	for (int i = 0; i < VAR_COUNT; i++) {
-		if (vc->v[i] != vc->inl[i])
+		if (var_owned(vc, i))
 			free(vc->v[i]);
 		vc->v[i] = NULL;
 	}
+	vc->shared = 0;
 	vc->stamp = ++var_stamp;
 }
 
