@@ -77,6 +77,15 @@ static void client_str_free(struct client *c, char *s)
 		free(s);
 }
 
+/* Replace c->user, c->dbname or c->secret (`slot`) with a copy of s. */
+void client_set_string(struct client *c, char **slot, const char *s)
+{
+	char *old = *slot;
+
+	*slot = client_strdup(c, s);
+	client_str_free(c, old);
+}
+
 void client_strings_free(struct client *c)
 {
 	client_str_free(c, c->user);

@@ -417,6 +417,7 @@ void client_process(struct client *c);
 void client_close(struct client *c, const char *sqlstate, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void client_welcome(struct client *c);
 void client_strings_free(struct client *c);
+void client_set_string(struct client *c, char **slot, const char *s);
 void client_release(struct client *c);
 void client_cache_free(void);
 void client_resume(struct client *c);
