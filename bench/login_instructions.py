@@ -12,6 +12,9 @@ connection (after a warm-up), the pooler stops; again with N2; the difference
 of the two totals divided by N2 - N1 is what one more login + SELECT +
 Terminate + close costs (start, warm-up and pool filling cancel out).
 A pgbench database (scale 1) is built first on the given PostgreSQL.
+Timer callbacks (PgBouncer's and lokadb's periodic work) count per second of
+wall time, and a cycle under valgrind lasts longer on a busy machine: the
+figures move by a few percent with the machine's load, PgBouncer's most.
 
 With --annotate DIR the two callgrind outputs of each pooler are kept in DIR
 and the per-function difference (callgrind_annotate --inclusive=no, N2 run
@@ -96,7 +99,8 @@ def one_run(a, tmp, kind, binary, n, keep):
         bench(100)
         bench(n)
     finally:
-        os.kill(p.pid, signal.SIGTERM)
+        if p.poll() is None:
+            os.kill(p.pid, signal.SIGTERM)
         p.wait(timeout=120)
     total = None
     for line in open(d / "cg.out"):
