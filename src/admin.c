@@ -29,7 +29,7 @@ struct admin_ctx {
 
 bool admin_is_dbname(const char *name)
 {
-	return strcmp(name, "lokadb") == 0 || strcmp(name, "pgbouncer") == 0;
+	return (name[0] == 'l' && strcmp(name, "lokadb") == 0) || (name[0] == 'p' && strcmp(name, "pgbouncer") == 0);
 }
 
 static const struct show_view *find_view(const char *name);
@@ -691,19 +691,19 @@ static void show_mem(struct admin_ctx *a)
 		n_cl++;
 	TAILQ_FOREACH(s, &rt->justfree_servers, entry)
 		n_sv++;
-	struct { const char *name; size_t size; int used; } rows[] = {
-		{ "user_cache", sizeof(struct user_conf), rt->cf->n_users },
-		{ "db_cache", sizeof(struct lk_db), n_db },
-		{ "pool_cache", sizeof(struct pool), n_pool },
-		{ "server_cache", sizeof(struct server), n_sv },
-		{ "client_cache", sizeof(struct client), n_cl },
+	struct { const char *name; size_t size; int used, free; } rows[] = {
+		{ "user_cache", sizeof(struct user_conf), rt->cf->n_users, 0 },
+		{ "db_cache", sizeof(struct lk_db), n_db, 0 },
+		{ "pool_cache", sizeof(struct pool), n_pool, 0 },
+		{ "server_cache", sizeof(struct server), n_sv, 0 },
+		{ "client_cache", sizeof(struct client), n_cl, rt->n_client_cache },
 	};
 	row_header(a, 5, cols);
 	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
-		char b[3][24];
+		char b[4][24];
 		const char *v[5] = {
-			rows[i].name, fmt_u64(b[0], rows[i].size), fmt_int(b[1], rows[i].used), "0",
-			fmt_u64(b[2], (uint64_t)rows[i].size * (uint64_t)rows[i].used),
+			rows[i].name, fmt_u64(b[0], rows[i].size), fmt_int(b[1], rows[i].used), fmt_int(b[3], rows[i].free),
+			fmt_u64(b[2], (uint64_t)rows[i].size * (uint64_t)(rows[i].used + rows[i].free)),
 		};
 		pkt_data_row(a->pb, 5, v);
 	}

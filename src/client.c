@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include <event2/util.h>
+#include <openssl/crypto.h>
 
 static void client_read_cb(struct bufferevent *bev, void *arg);
 static void client_write_cb(struct bufferevent *bev, void *arg);
@@ -48,6 +49,106 @@ const char *client_ident(const struct client *c, char *buf, size_t len)
 	return buf;
 }
 
+/*
+ * A copy of s that lives as long as c: in c->strs while there is room (a
+ * login then allocates nothing for its user, database and secret), else
+ * malloc'ed. Give it back with client_str_free(), never free().
+ */
+static char *client_strdup(struct client *c, const char *s)
+{
+	size_t n;
+	char *r;
+
+	if (!s)
+		return NULL;
+	n = strlen(s) + 1;
+	if (n > sizeof(c->strs) - c->strs_used)
+		return xstrdup(s);
+	r = c->strs + c->strs_used;
+	memcpy(r, s, n);
+	c->strs_used += (uint32_t)n;
+	return r;
+}
+
+/* Frees a client_strdup() copy (or a malloc'ed string handed to the client). */
+static void client_str_free(struct client *c, char *s)
+{
+	if (s < c->strs || s >= c->strs + sizeof(c->strs))
+		free(s);
+}
+
+/* Replace c->user, c->dbname or c->secret (`slot`) with a copy of s. */
+void client_set_string(struct client *c, char **slot, const char *s)
+{
+	char *old = *slot;
+
+	*slot = client_strdup(c, s);
+	client_str_free(c, old);
+}
+
+void client_strings_free(struct client *c)
+{
+	client_str_free(c, c->user);
+	client_str_free(c, c->dbname);
+	client_str_free(c, c->secret);
+	c->user = c->dbname = c->secret = NULL;
+}
+
+/*
+ * The end of a client object (at the end of the loop turn after its close).
+ * Up to CONN_SPARES_MAX are kept for the next accepted connections: with
+ * their spare bufferevents (conn_bev_for()) they keep its callback.
+ */
+void client_release(struct client *c)
+{
+	varcache_free(&c->vars);
+	scram_server_free(c->scram);
+	client_strings_free(c);
+	if (rt->n_client_cache < CONN_SPARES_MAX) {
+		rt->client_cache[rt->n_client_cache++] = c;
+		return;
+	}
+	free(c);
+}
+
+void client_cache_free(void)
+{
+	while (rt->n_client_cache > 0)
+		free(rt->client_cache[--rt->n_client_cache]);
+}
+
+/* A zeroed client object: a released one if there is one. */
+static struct client *client_new(void)
+{
+	struct client *c;
+
+	if (rt->n_client_cache == 0)
+		return xcalloc(1, sizeof(*c));
+	c = rt->client_cache[--rt->n_client_cache];
+	memset(c, 0, sizeof(*c));
+	return c;
+}
+
+/*
+ * A login reply: straight to the socket when nothing is queued before it
+ * (one send() instead of a chain allocated, queued, flushed and freed);
+ * what the kernel does not take, or any error, goes through the output
+ * buffer as every other reply does.
+ */
+static void client_send_now(struct client *c, const void *data, size_t len)
+{
+	struct evbuffer *out = bufferevent_get_output(c->bev);
+	ssize_t n = 0;
+
+	if (!c->tls && c->io.rd && evbuffer_get_length(out) == 0) {
+		n = send(event_get_fd(c->io.rd), data, len, MSG_NOSIGNAL);
+		if (n < 0)
+			n = 0;
+	}
+	if ((size_t)n < len)
+		evbuffer_add(out, (const uint8_t *)data + n, len - (size_t)n);
+}
+
 static void set_sock_opts(int fd, bool is_unix)
 {
 	/* the listener accepts with SOCK_NONBLOCK | SOCK_CLOEXEC already */
@@ -55,12 +156,54 @@ static void set_sock_opts(int fd, bool is_unix)
 		tcp_tune(fd);
 }
 
+/*
+ * TCP_DEFER_ACCEPT: the first packet is usually here already, so it is read
+ * at once, as conn_read_now() would. A lone SSLRequest or GSSENCRequest
+ * (libpq's default sslmode=prefer) with TLS off for clients gets its 'N'
+ * here, without entering the input buffer (a chain allocated and freed).
+ */
+static void client_first_read(struct client *c, int fd)
+{
+	struct evbuffer *in;
+	uint32_t code;
+	ssize_t n;
+
+	if (!c->io.rd_on)
+		return;		/* SUSPENDed: read once resumed */
+	if (tls_client_enabled()) {
+		conn_read_now(&c->io);
+		return;
+	}
+	n = recv(fd, rt->readbuf, sizeof(rt->readbuf), 0);
+	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+		return;
+	if (n == 0) {
+		client_close(c, NULL, "client unexpected eof");
+		return;
+	}
+	if (n < 0) {
+		client_close(c, NULL, "client socket error: %s", evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+		return;
+	}
+	rt->now = now_mono();
+	code = n == 8 && pkt_get_u32((const uint8_t *)rt->readbuf) == 8 ? pkt_get_u32((const uint8_t *)rt->readbuf + 4) : 0;
+	if (code == PROTO_SSL_CODE || code == PROTO_GSSENC_CODE) {
+		client_send_now(c, "N", 1);
+		return;
+	}
+	in = bufferevent_get_input(c->bev);
+	evbuffer_unfreeze(in, 0);	/* the bufferevent keeps its input's end frozen */
+	evbuffer_add(in, rt->readbuf, (size_t)n);
+	evbuffer_freeze(in, 0);
+	client_process(c);
+}
+
 void client_accept(int fd, const struct sockaddr *sa, int salen, bool is_unix)
 {
 	struct client *c;
 
 	set_sock_opts(fd, is_unix);
-	c = xcalloc(1, sizeof(*c));
+	c = client_new();
 	c->id = ++rt->next_id;
 	c->state = CL_LOGIN;
 	if (salen > 0 && (size_t)salen <= sizeof(c->addr))
@@ -79,7 +222,8 @@ void client_accept(int fd, const struct sockaddr *sa, int salen, bool is_unix)
 	rt->n_clients++;
 	bufferevent_setcb(c->bev, client_read_cb, client_write_cb, client_event_cb, c);
 	bufferevent_setwatermark(c->bev, EV_WRITE, WRITE_LOW_WATER, 0);
-	bufferevent_disable(c->bev, EV_WRITE);
+	if (bufferevent_get_enabled(c->bev))	/* a new one has EV_WRITE on; a spare nothing */
+		bufferevent_disable(c->bev, EV_WRITE);
 	conn_write_through(&c->io, c->bev);
 	if (!conn_io_start(&c->io, CLIENT_READ_HIGH)) {
 		client_close(c, NULL, "out of memory");
@@ -92,7 +236,7 @@ void client_accept(int fd, const struct sockaddr *sa, int salen, bool is_unix)
 	}
 	conn_want_read(&c->io, true);
 	if (!is_unix)
-		conn_read_now(&c->io);	/* TCP_DEFER_ACCEPT: the startup packet is usually here already */
+		client_first_read(c, fd);
 }
 
 /*
@@ -232,11 +376,11 @@ static bool startup_param(struct client *c, const char *key, const char *val)
 	int id;
 
 	if (strcmp(key, "user") == 0) {
-		free(c->user);
-		c->user = xstrdup(val);
+		client_str_free(c, c->user);
+		c->user = client_strdup(c, val);
 	} else if (strcmp(key, "database") == 0) {
-		free(c->dbname);
-		c->dbname = xstrdup(val);
+		client_str_free(c, c->dbname);
+		c->dbname = client_strdup(c, val);
 	} else if ((id = varcache_lookup(key)) >= 0) {
 		varcache_set(&c->vars, (enum var_id)id, val);
 	} else if (strcmp(key, "options") == 0) {
@@ -332,12 +476,12 @@ static bool parse_startup(struct client *c, uint8_t *buf, uint32_t len, uint32_t
 		}
 		val = p;
 		p += strlen(p) + 1;
-		if (strncmp(key, "_pq_.", 5) == 0) {
+		if (key[0] == '_' && strncmp(key, "_pq_.", 5) == 0) {
 			if (n_unknown < 32)
 				unknown[n_unknown++] = key;
 			continue;
 		}
-		if (strcmp(key, "options") == 0)
+		if (key[0] == 'o' && strcmp(key, "options") == 0)
 			options = val;
 		if (!startup_param(c, key, val))
 			return false;
@@ -358,8 +502,8 @@ static bool parse_startup(struct client *c, uint8_t *buf, uint32_t len, uint32_t
 		return false;
 	}
 	if (!c->dbname || !*c->dbname) {
-		free(c->dbname);
-		c->dbname = xstrdup(c->user);
+		client_str_free(c, c->dbname);
+		c->dbname = client_strdup(c, c->user);
 	}
 	return true;
 }
@@ -447,16 +591,15 @@ static bool read_startup(struct client *c, struct evbuffer *in)
 	}
 	if (avail < len)
 		return false;
-	evbuffer_drain(in, 8);
 	if (code == PROTO_SSL_CODE || code == PROTO_GSSENC_CODE) {
-		evbuffer_drain(in, len - 8);
+		evbuffer_drain(in, len);
 		if (len != 8) {
 			client_close(c, "08P01", "invalid length of startup packet");
 			return false;
 		}
 		if (code == PROTO_SSL_CODE && !c->tls && c->addr.ss_family != AF_UNIX && tls_client_enabled())
 			return client_start_tls(c, in);
-		bufferevent_write(c->bev, "N", 1);
+		client_send_now(c, "N", 1);
 		return true;
 	}
 	if (!c->tls && rt->cf->client_tls_sslmode >= SSL_REQUIRE && c->addr.ss_family != AF_UNIX &&
@@ -464,7 +607,12 @@ static bool read_startup(struct client *c, struct evbuffer *in)
 		client_close(c, "28000", "SSL required");
 		return false;
 	}
-	body = evbuffer_pullup(in, len - 8);
+	body = evbuffer_pullup(in, len);	/* header and body: one drain once it is parsed */
+	if (!body) {
+		client_close(c, "53200", "out of memory");
+		return false;
+	}
+	body += 8;
 	if (code == PROTO_CANCEL_CODE) {
 		if (len == 16)
 			handle_cancel(c, body);
@@ -479,7 +627,7 @@ static bool read_startup(struct client *c, struct evbuffer *in)
 	}
 	if (!parse_startup(c, body, len - 8, code & 0xffff))
 		return false;
-	evbuffer_drain(in, len - 8);
+	evbuffer_drain(in, len);
 	if (rt->shutdown != SHUT_NONE && c->addr.ss_family == AF_UNIX && !admin_is_dbname(c->dbname)) {
 		/* TCP listeners close at shutdown (a client accepted meanwhile is served);
 		 * the unix socket stays open for the console only */
@@ -618,7 +766,7 @@ static void client_auth_start(struct client *c)
 		const struct auth_entry *ae = config_find_auth(rt->cf, c->user);
 		if (!ae && c->db && !admin_is_dbname(c->dbname) && authq_start(c))
 			return;		/* c->authq: client_authq_done() goes on */
-		c->secret = ae ? xstrdup(ae->secret) : NULL;
+		c->secret = ae ? client_strdup(c, ae->secret) : NULL;
 	}
 	client_auth_method(c);
 }
@@ -633,7 +781,7 @@ void client_authq_done(struct client *c, const char *secret, const char *error)
 		client_close(c, "08001", "could not look up the password of user \"%s\" (auth_query): %s", c->user, error);
 		return;
 	}
-	c->secret = secret ? xstrdup(secret) : NULL;
+	c->secret = secret ? client_strdup(c, secret) : NULL;
 	if (!c->secret)
 		c->secret_missing = true;
 	client_auth_method(c);
@@ -658,7 +806,7 @@ static void client_auth_lookup_decided(struct client *c)
 			c->secret_missing = true;
 	} else {
 		const struct auth_entry *ae = config_find_auth(rt->cf, c->user);
-		c->secret = ae ? xstrdup(ae->secret) : NULL;
+		c->secret = ae ? client_strdup(c, ae->secret) : NULL;
 	}
 	free(secret);
 	c->lev = NULL;
@@ -802,6 +950,8 @@ static void sasl_step(struct client *c, const uint8_t *body, uint32_t len)
 	auth_request(c, 12, out, strlen(out));
 	free(out);
 	c->has_scram_keys = scram_server_keys(c->scram, c->scram_keys, c->scram_keys + 32);
+	if (!c->has_scram_keys)
+		OPENSSL_cleanse(c->scram_keys, sizeof(c->scram_keys));
 	scram_server_free(c->scram);
 	c->scram = NULL;
 	client_login_done(c);
@@ -928,26 +1078,87 @@ static void client_login_done(struct client *c)
 	}
 }
 
-/* AuthenticationOk, the parameters, BackendKeyData and ReadyForQuery. */
-void client_welcome(struct client *c)
+/*
+ * The pool's welcome[] as ParameterStatus messages, built at its first
+ * client_welcome() (welcome[] does not change once welcome_ready): a login
+ * then copies runs of them instead of formatting a dozen messages.
+ */
+static bool welcome_wire(struct pool *p)
 {
-	struct pktbuf *pb = &rt->pb;
-	struct pool *p = c->pool;
-	bool sent[VAR_COUNT] = { false };
+	struct pktbuf pb;
+	uint32_t *off;
 
-	pkt_auth_req(pb, 0, NULL, 0);
-	for (int i = 0; p && i < p->n_welcome; i++) {
+	if (p->welcome_off && p->welcome_wire_n == p->n_welcome)
+		return true;
+	free(p->welcome_wire);
+	free(p->welcome_off);
+	p->welcome_wire = NULL;
+	p->welcome_off = NULL;
+	off = malloc(sizeof(*off) * (size_t)(p->n_welcome + 1));
+	if (!off)
+		return false;
+	pkt_init(&pb);
+	for (int i = 0; i < p->n_welcome; i++) {
+		off[i] = (uint32_t)pb.len;
+		pkt_param_status(&pb, p->welcome[i].name, p->welcome[i].value);
+	}
+	off[p->n_welcome] = (uint32_t)pb.len;
+	if (pb.failed) {
+		pkt_free(&pb);
+		free(off);
+		return false;
+	}
+	p->welcome_wire = pb.data;	/* taken from pb */
+	p->welcome_off = off;
+	p->welcome_wire_n = p->n_welcome;
+	return true;
+}
+
+/* The pool's welcome[]: its own values, or the client's where it set one that differs. */
+static void welcome_params(struct client *c, struct pktbuf *pb, bool sent[VAR_COUNT])
+{
+	struct pool *p = c->pool;
+	bool wire = welcome_wire(p);
+	uint32_t run = 0;	/* start of the welcome_wire bytes not yet copied */
+
+	for (int i = 0; i < p->n_welcome; i++) {
 		int id = p->welcome[i].var;
 		const char *v = p->welcome[i].value;
 		if (id >= 0) {
-			if (!c->vars.v[id])
-				varcache_set(&c->vars, (enum var_id)id, v);
-			v = c->vars.v[id];
 			sent[id] = true;
+			if (!c->vars.v[id]) {
+				varcache_set_shared(&c->vars, (enum var_id)id, v);	/* p->welcome lives until exit */
+				if (wire)
+					continue;
+			} else if (wire && strcmp(c->vars.v[id], v) == 0) {
+				continue;
+			}
+			v = c->vars.v[id];
+		} else if (wire) {
+			continue;
+		}
+		if (wire) {
+			pkt_put_bytes(pb, p->welcome_wire + run, p->welcome_off[i] - run);
+			run = p->welcome_off[i + 1];
 		}
 		pkt_param_status(pb, p->welcome[i].name, v);
 	}
-	if (!p) {
+	if (wire)
+		pkt_put_bytes(pb, p->welcome_wire + run, p->welcome_off[p->n_welcome] - run);
+}
+
+/* AuthenticationOk, the parameters, BackendKeyData and ReadyForQuery. */
+void client_welcome(struct client *c)
+{
+	static const uint8_t auth_ok[] = { 'R', 0, 0, 0, 8, 0, 0, 0, 0 };
+	struct pktbuf *pb = &rt->pb;
+	bool sent[VAR_COUNT] = { false };
+	uint8_t tail[13 + 6] = { 'K', 0, 0, 0, 12 };
+
+	pkt_put_bytes(pb, auth_ok, sizeof(auth_ok));
+	if (c->pool) {
+		welcome_params(c, pb, sent);
+	} else {
 		pkt_param_status(pb, "server_version", "15.0 (lokadb " LOKADB_VERSION ")");
 		pkt_param_status(pb, "server_encoding", "UTF8");
 		pkt_param_status(pb, "client_encoding", c->vars.v[VAR_CLIENT_ENCODING] ? c->vars.v[VAR_CLIENT_ENCODING] : "UTF8");
@@ -961,11 +1172,13 @@ void client_welcome(struct client *c)
 	for (int i = 0; i < VAR_COUNT; i++)
 		if (!sent[i] && c->vars.v[i])
 			pkt_param_status(pb, varcache_name((enum var_id)i), c->vars.v[i]);
-	pkt_begin(pb, 'K');
-	pkt_put_bytes(pb, c->cancel_key, 8);
-	pkt_end(pb);
-	pkt_ready(pb, 'I');
-	pkt_send(pb, bufferevent_get_output(c->bev));
+	/* BackendKeyData, then ReadyForQuery 'I' */
+	memcpy(tail + 5, c->cancel_key, 8);
+	memcpy(tail + 13, "Z\0\0\0\5I", 6);
+	pkt_put_bytes(pb, tail, sizeof(tail));
+	if (!pb->failed)
+		client_send_now(c, pb->data, pb->len);
+	pkt_reset(pb);
 	c->request_time = now_mono();
 }
 

@@ -53,14 +53,24 @@
 #define CLIENT_READ_HIGH (256 * 1024)	/* unread client input kept at most (waiting clients keep reading to see EOF) */
 #define CONSOLE_QUERY_MAX (64 * 1024)
 #define JANITOR_PERIOD_USEC 200000
+#define CLIENT_STRS 128		/* bytes of a client's user, dbname and secret kept without malloc */
 #define AFF_SLOTS 32			/* affinity keys a server remembers at most */
 
 /* ParameterStatus values the pooler keeps equal between client and server. */
 enum var_id { VAR_CLIENT_ENCODING, VAR_DATESTYLE, VAR_TIMEZONE, VAR_STD_STRINGS, VAR_APPNAME, VAR_INTERVALSTYLE, VAR_COUNT };
 
+#define VAR_INLINE 32		/* values shorter than this live in struct varcache itself */
+
+/*
+ * v[id] points into inl[id], to a malloc'ed copy, or (bit id of `shared`) to
+ * a string that outlives the varcache (varcache_set_shared()): never copy
+ * the struct, never free v[] yourself.
+ */
 struct varcache {
 	char *v[VAR_COUNT];
 	uint64_t stamp;		/* changes with every change of v[]: unique over the process */
+	unsigned shared;
+	char inl[VAR_COUNT][VAR_INLINE];
 };
 
 enum client_state {
@@ -106,12 +116,15 @@ struct conn_io {
 	struct ssl_st *ssl;		/* TLS on the bufferevent's socket (util.c, tls.c) */
 	struct event *wr;		/* TLS: our write event while the kernel is full */
 	unsigned long ssl_err;		/* TLS: the OpenSSL error that ended the connection */
+	struct evbuffer_cb_entry *out_cb;	/* conn_write_through()'s callback on the output */
 };
 
 #define CONN_SPARES_MAX 64
 struct conn_spare {
 	struct bufferevent *bev;
 	struct event *rd;
+	struct evbuffer_cb_entry *out_cb;	/* disabled, its argument `owner` */
+	struct conn_io *owner;
 };
 TAILQ_HEAD(conn_io_list, conn_io);
 
@@ -163,9 +176,11 @@ struct client {
 	struct lk_db *db;
 	struct server *link;
 	struct sockaddr_storage addr, local;
-	char *user;
+	char *user;			/* user, dbname, secret: client_strdup() copies, */
 	char *dbname;
 	struct varcache vars;
+	char strs[CLIENT_STRS];		/* ... kept here while they fit (client_str_free()) */
+	uint32_t strs_used;
 	uint8_t cancel_key[8];
 	usec_t connect_time;		/* wall clock */
 	usec_t login_start;		/* monotonic, for client_login_timeout */
@@ -291,6 +306,9 @@ struct pool {
 	struct param *welcome;		/* ParameterStatus of the first server */
 	int n_welcome;
 	bool welcome_ready;
+	uint8_t *welcome_wire;		/* client_welcome(): welcome[] as ParameterStatus messages, */
+	uint32_t *welcome_off;		/* welcome[i] at welcome_off[i] (n_welcome + 1 offsets) */
+	int welcome_wire_n;		/* n_welcome they were built for */
 	usec_t last_connect_fail;	/* monotonic */
 	char *last_error;
 	struct lk_stats stats, prev_stats, avg;
@@ -349,13 +367,15 @@ struct lk_runtime {
 	char readbuf[16384];		/* socket reads land here before their evbuffer */
 	struct conn_spare spares[CONN_SPARES_MAX];	/* closed clients' bufferevents for reuse */
 	int n_spares;
+	struct client *client_cache[CONN_SPARES_MAX];	/* freed client objects for reuse */
+	int n_client_cache;
 	struct lk_plugin **plugins;	/* in `plugins =` order */
 	int n_plugins;
 	struct hook_chain hooks[LK_HOOK_COUNT];
 	struct peer_group *peers;	/* peers.c: the [peers] group (NULL until first used) */
 	struct metrics *metrics;	/* metrics.c: the Prometheus endpoint and what plugins registered */
 	struct ps_cache *ps_cache;	/* prepared statements of every pool (prepared.c) */
-	uint8_t rand_pool[256];		/* random_bytes(): unread CSPRNG output */
+	uint8_t rand_pool[4096];	/* random_bytes(): unread CSPRNG output */
 	size_t rand_pos;		/* bytes of rand_pool already handed out */
 };
 
@@ -371,6 +391,7 @@ void *xcalloc(size_t n, size_t size);
 const char *addr_to_str(const struct sockaddr_storage *ss, char *buf, size_t len, int *port);
 void varcache_free(struct varcache *vc);
 void varcache_set(struct varcache *vc, enum var_id id, const char *value);
+void varcache_set_shared(struct varcache *vc, enum var_id id, const char *value);
 int varcache_lookup(const char *name);
 const char *varcache_name(enum var_id id);
 
@@ -397,6 +418,10 @@ void client_accept(int fd, const struct sockaddr *sa, int salen, bool is_unix);
 void client_process(struct client *c);
 void client_close(struct client *c, const char *sqlstate, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void client_welcome(struct client *c);
+void client_strings_free(struct client *c);
+void client_set_string(struct client *c, char **slot, const char *s);
+void client_release(struct client *c);
+void client_cache_free(void);
 void client_resume(struct client *c);
 const char *client_ident(const struct client *c, char *buf, size_t len);
 void client_free_now(struct client *c);

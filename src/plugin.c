@@ -884,7 +884,7 @@ static int api_client_set_database(lk_client *h, const char *dbname)
 	struct client *c = CL(h);
 	if (!c->lev || c->lev->hook != LK_HOOK_CLIENT_STARTUP || !dbname || !*dbname)
 		return -1;
-	set_str(&c->dbname, dbname);
+	client_set_string(c, &c->dbname, dbname);
 	return 0;
 }
 
@@ -893,7 +893,7 @@ static int api_client_set_user(lk_client *h, const char *user)
 	struct client *c = CL(h);
 	if (!c->lev || c->lev->hook != LK_HOOK_CLIENT_STARTUP || !user || !*user)
 		return -1;
-	set_str(&c->user, user);
+	client_set_string(c, &c->user, user);
 	return 0;
 }
 

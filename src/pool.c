@@ -384,7 +384,9 @@ static bool can_launch(struct pool *p, bool reserve)
  */
 void pool_take_scram_keys(struct pool *p, struct client *c)
 {
-	if (c->has_scram_keys && c->secret && p->login_password && strcmp(c->secret, p->login_password) == 0) {
+	if (!c->has_scram_keys)
+		return;		/* nothing to wipe either: sasl_step() wipes what a failed scram_server_keys() left */
+	if (c->secret && p->login_password && strcmp(c->secret, p->login_password) == 0) {
 		memcpy(p->scram_keys, c->scram_keys, sizeof(p->scram_keys));
 		p->has_scram_keys = true;
 	}
@@ -1226,6 +1228,8 @@ void pool_free_all(void)
 			free(p->welcome[i].value);
 		}
 		free(p->welcome);
+		free(p->welcome_wire);
+		free(p->welcome_off);
 		free(p->user);
 		free(p->login_user);
 		free(p->login_password);

@@ -729,12 +729,7 @@ static void justfree_cb(evutil_socket_t fd, short what, void *arg)
 	(void)arg;
 	while ((c = TAILQ_FIRST(&rt->justfree_clients))) {
 		TAILQ_REMOVE(&rt->justfree_clients, c, entry);
-		varcache_free(&c->vars);
-		scram_server_free(c->scram);
-		free(c->user);
-		free(c->dbname);
-		free(c->secret);
-		free(c);
+		client_release(c);
 	}
 	while ((s = TAILQ_FIRST(&rt->justfree_servers))) {
 		TAILQ_REMOVE(&rt->justfree_servers, s, entry);
@@ -822,6 +817,7 @@ void runtime_teardown(void)
 	server_cancel_free_all();
 	peers_free_all();
 	conn_spares_free();
+	client_cache_free();
 	close_listeners();
 	metrics_free_all();
 	plugins_fini();

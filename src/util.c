@@ -54,8 +54,9 @@ char *xstrdup(const char *s)
 }
 
 /*
- * Cancel keys and salts: OpenSSL's DRBG, drawn 256 bytes at a time (one
- * DRBG call per 32 connections instead of one each); libevent's generator as
+ * Cancel keys and salts: OpenSSL's DRBG, drawn 4 kB at a time (one DRBG
+ * call, about 6,000 instructions of fixed cost, per 512 connections instead
+ * of one each); libevent's generator as
  * a fallback. Bytes are handed out once and wiped from the pool.
  */
 void random_bytes(void *buf, size_t n)
@@ -128,41 +129,82 @@ void tcp_tune(int fd)
 
 /* ---- varcache ---- */
 
-static const char *const var_names[VAR_COUNT] = {
-	"client_encoding", "DateStyle", "TimeZone", "standard_conforming_strings",
-	"application_name", "IntervalStyle",
+#define VAR_NAME(s) { s, sizeof(s) - 1 }
+static const struct { const char *name; size_t len; } var_names[VAR_COUNT] = {
+	VAR_NAME("client_encoding"), VAR_NAME("DateStyle"), VAR_NAME("TimeZone"),
+	VAR_NAME("standard_conforming_strings"), VAR_NAME("application_name"), VAR_NAME("IntervalStyle"),
 };
 
 const char *varcache_name(enum var_id id)
 {
-	return var_names[id];
+	return var_names[id].name;
 }
 
+/* The names' lengths all differ: one strcasecmp() at most. */
 int varcache_lookup(const char *name)
 {
+	size_t n = strlen(name);
+
 	for (int i = 0; i < VAR_COUNT; i++)
-		if (strcasecmp(var_names[i], name) == 0)
-			return i;
+		if (var_names[i].len == n)
+			return strcasecmp(var_names[i].name, name) == 0 ? i : -1;
 	return -1;
 }
 
 static uint64_t var_stamp;
 
+/*
+ * A value shorter than VAR_INLINE is kept in vc->inl[id], without malloc:
+ * the usual ones (encodings, DateStyle, time zones, short application
+ * names) cost a client login no allocation.
+ */
+static bool var_owned(const struct varcache *vc, int id)
+{
+	return vc->v[id] != vc->inl[id] && !(vc->shared & (1u << id));
+}
+
 void varcache_set(struct varcache *vc, enum var_id id, const char *value)
 {
+	size_t n;
+
 	if (vc->v[id] && value && strcmp(vc->v[id], value) == 0)
 		return;
-	free(vc->v[id]);
-	vc->v[id] = xstrdup(value);
+	if (var_owned(vc, id))
+		free(vc->v[id]);
+	vc->v[id] = NULL;
+	vc->shared &= ~(1u << id);
+	if (value && (n = strlen(value)) < VAR_INLINE) {
+		memcpy(vc->inl[id], value, n + 1);
+		vc->v[id] = vc->inl[id];
+	} else if (value) {
+		vc->v[id] = xstrdup(value);
+	}
+	vc->stamp = ++var_stamp;
+}
+
+/*
+ * value without a copy: it must outlive vc (a pool's welcome value, kept
+ * until exit, for its clients' varcaches).
+ */
+void varcache_set_shared(struct varcache *vc, enum var_id id, const char *value)
+{
+	if (vc->v[id] == value)
+		return;
+	if (var_owned(vc, id))
+		free(vc->v[id]);
+	vc->v[id] = (char *)value;
+	vc->shared |= 1u << id;
 	vc->stamp = ++var_stamp;
 }
 
 void varcache_free(struct varcache *vc)
 {
 	for (int i = 0; i < VAR_COUNT; i++) {
-		free(vc->v[i]);
+		if (var_owned(vc, i))
+			free(vc->v[i]);
 		vc->v[i] = NULL;
 	}
+	vc->shared = 0;
 	vc->stamp = ++var_stamp;
 }
 
@@ -337,11 +379,17 @@ void conn_flush_all(void)
 	}
 }
 
+/* A spare's callback (conn_bev_for()) is enabled again rather than added. */
 void conn_write_through(struct conn_io *wt, struct bufferevent *bev)
 {
+	struct evbuffer *out = bufferevent_get_output(bev);
+
 	wt->bev = bev;
 	wt->queued = false;
-	evbuffer_add_cb(bufferevent_get_output(bev), conn_out_cb, wt);
+	if (wt->out_cb)
+		evbuffer_cb_set_flags(out, wt->out_cb, EVBUFFER_CB_ENABLED);
+	else
+		wt->out_cb = evbuffer_add_cb(out, conn_out_cb, wt);
 }
 
 void conn_write_idle(struct bufferevent *bev)
@@ -447,15 +495,13 @@ static void conn_read_ev(evutil_socket_t fd, short what, void *arg)
 void conn_read_now(struct conn_io *io)
 {
 	if (io->rd && io->rd_on)
-		conn_read_cb(bufferevent_getfd(io->bev), EV_READ, io);
+		conn_read_cb(event_get_fd(io->rd), EV_READ, io);
 }
 
 /* Set up our read event once the bufferevent has a connected socket. */
 bool conn_io_start(struct conn_io *io, size_t rd_high)
 {
-	if (io->rd)	/* a spare: point it at the new socket */
-		event_assign(io->rd, rt->base, bufferevent_getfd(io->bev), EV_READ | EV_PERSIST, conn_read_ev, io);
-	else
+	if (!io->rd)	/* a spare's was pointed at the new socket by conn_bev_for() */
 		io->rd = event_new(rt->base, bufferevent_getfd(io->bev), EV_READ | EV_PERSIST, conn_read_ev, io);
 	io->rd_high = rd_high;
 	return io->rd != NULL;
@@ -752,15 +798,17 @@ static void tls_io_free(struct conn_io *io)
 	io->tls = io->hs_done = io->rd_on_wr = false;
 	io->ssl_err = 0;
 }
-static bool conn_spare_put(struct bufferevent *bev, struct event *rd);
+static bool conn_spare_put(struct bufferevent *bev, struct event *rd, struct evbuffer_cb_entry *out_cb,
+			   struct conn_io *owner);
 
 /* Free a bufferevent, with its write-through state if it has one. */
 void conn_free(struct conn_io *wt, struct bufferevent *bev)
 {
 	struct event *rd = wt ? wt->rd : NULL;
+	struct evbuffer_cb_entry *out_cb = NULL;
 
 	if (wt && wt->bev == bev) {
-		evbuffer_remove_cb(bufferevent_get_output(bev), conn_out_cb, wt);
+		out_cb = wt->out_cb;
 		if (wt->queued)
 			TAILQ_REMOVE(&rt->flush_list, wt, entry);
 		wt->queued = false;
@@ -768,11 +816,14 @@ void conn_free(struct conn_io *wt, struct bufferevent *bev)
 	}
 	if (wt) {
 		wt->rd = NULL;
+		wt->out_cb = NULL;
 		wt->rd_on = wt->rd_want = false;
 		tls_io_free(wt);
 	}
-	if (rd && wt->spare_ok && conn_spare_put(bev, rd))
+	if (rd && wt->spare_ok && conn_spare_put(bev, rd, out_cb, wt))
 		return;
+	if (out_cb)
+		evbuffer_remove_cb_entry(bufferevent_get_output(bev), out_cb);
 	if (rd)
 		event_free(rd);
 	bufferevent_free(bev);
@@ -783,26 +834,42 @@ void conn_free(struct conn_io *wt, struct bufferevent *bev)
  * A freed bufferevent is finalized through the event loop and a new one is
  * three allocations; client connections come and go per request for some
  * applications. So a closed client's bufferevent and read event are kept
- * (socket closed, buffers emptied, callbacks cleared) and given to the next
- * accepted socket with bufferevent_setfd().
+ * (socket closed, buffers emptied, callbacks cleared, disabled) and given to
+ * the next accepted socket with bufferevent_setfd(). A spare still holds the
+ * number of its closed socket (one bufferevent_setfd() per reuse, not two):
+ * nothing may use it before conn_bev_for(), and conn_spares_free() clears it
+ * before bufferevent_free() would close it.
+ *
+ * Its write-through callback stays on the output, disabled: client objects
+ * are reused too (client_release()), last freed first, so the next client
+ * usually has the conn_io the callback points to and only enables it again.
  */
-static bool conn_spare_put(struct bufferevent *bev, struct event *rd)
+static bool conn_spare_put(struct bufferevent *bev, struct event *rd, struct evbuffer_cb_entry *out_cb,
+			   struct conn_io *owner)
 {
-	int fd = bufferevent_getfd(bev);
+	int fd = event_get_fd(rd);	/* the bufferevent's socket */
 	struct evbuffer *in = bufferevent_get_input(bev), *out = bufferevent_get_output(bev);
 
 	if (rt->n_spares == CONN_SPARES_MAX || fd < 0)
 		return false;
 	event_del(rd);
+	if (out_cb)
+		evbuffer_cb_clear_flags(out, out_cb, EVBUFFER_CB_ENABLED);
 	bufferevent_setcb(bev, NULL, NULL, NULL, NULL);
-	bufferevent_disable(bev, EV_READ | EV_WRITE);
-	bufferevent_setfd(bev, -1);	/* also unfreezes both buffers */
+	if (bufferevent_get_enabled(bev))
+		bufferevent_disable(bev, EV_READ | EV_WRITE);
+	evbuffer_unfreeze(in, 0);	/* conn_read_cb() and a flush leave them frozen */
+	evbuffer_unfreeze(out, 1);
 	evutil_closesocket(fd);
-	evbuffer_drain(in, evbuffer_get_length(in));
-	evbuffer_drain(out, evbuffer_get_length(out));
-	bufferevent_setwatermark(bev, EV_READ | EV_WRITE, 0, 0);
+	if (evbuffer_get_length(in) > 0)
+		evbuffer_drain(in, evbuffer_get_length(in));
+	if (evbuffer_get_length(out) > 0)
+		evbuffer_drain(out, evbuffer_get_length(out));
+	/* watermarks: only EV_WRITE's is used, and client_accept() sets it */
 	rt->spares[rt->n_spares].bev = bev;
 	rt->spares[rt->n_spares].rd = rd;
+	rt->spares[rt->n_spares].out_cb = out_cb;
+	rt->spares[rt->n_spares].owner = owner;
 	rt->n_spares++;
 	return true;
 }
@@ -818,7 +885,12 @@ struct bufferevent *conn_bev_for(struct conn_io *io, int fd)
 	rt->n_spares--;
 	bev = rt->spares[rt->n_spares].bev;
 	io->rd = rt->spares[rt->n_spares].rd;
-	bufferevent_setfd(bev, fd);
+	if (rt->spares[rt->n_spares].owner == io)
+		io->out_cb = rt->spares[rt->n_spares].out_cb;	/* conn_write_through() enables it */
+	else if (rt->spares[rt->n_spares].out_cb)
+		evbuffer_remove_cb_entry(bufferevent_get_output(bev), rt->spares[rt->n_spares].out_cb);
+	bufferevent_setfd(bev, fd);	/* disabled: adds no event */
+	event_assign(io->rd, rt->base, fd, EV_READ | EV_PERSIST, conn_read_ev, io);
 	evbuffer_freeze(bufferevent_get_input(bev), 0);	/* as a new bufferevent has them */
 	evbuffer_freeze(bufferevent_get_output(bev), 1);
 	return bev;
@@ -829,6 +901,7 @@ void conn_spares_free(void)
 	while (rt->n_spares > 0) {
 		rt->n_spares--;
 		event_free(rt->spares[rt->n_spares].rd);
+		bufferevent_setfd(rt->spares[rt->n_spares].bev, -1);	/* its socket is closed already */
 		bufferevent_free(rt->spares[rt->n_spares].bev);
 	}
 }
