@@ -19,6 +19,13 @@
 #include "hba.h"
 #include "scram.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#else
+#define ASAN_POISON_MEMORY_REGION(p, n) ((void)(p), (void)(n))
+#define ASAN_UNPOISON_MEMORY_REGION(p, n) ((void)(p), (void)(n))
+#endif
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -106,6 +113,8 @@ void client_release(struct client *c)
 	client_strings_free(c);
 	if (rt->n_client_cache < CONN_SPARES_MAX) {
 		rt->client_cache[rt->n_client_cache++] = c;
+		/* AddressSanitizer builds: a use of a kept object is still reported */
+		ASAN_POISON_MEMORY_REGION(c, sizeof(*c));
 		return;
 	}
 	free(c);
@@ -113,8 +122,11 @@ void client_release(struct client *c)
 
 void client_cache_free(void)
 {
-	while (rt->n_client_cache > 0)
-		free(rt->client_cache[--rt->n_client_cache]);
+	while (rt->n_client_cache > 0) {
+		struct client *c = rt->client_cache[--rt->n_client_cache];
+		ASAN_UNPOISON_MEMORY_REGION(c, sizeof(*c));
+		free(c);
+	}
 }
 
 /* A zeroed client object: a released one if there is one. */
@@ -125,6 +137,7 @@ static struct client *client_new(void)
 	if (rt->n_client_cache == 0)
 		return xcalloc(1, sizeof(*c));
 	c = rt->client_cache[--rt->n_client_cache];
+	ASAN_UNPOISON_MEMORY_REGION(c, sizeof(*c));
 	memset(c, 0, sizeof(*c));
 	return c;
 }

@@ -497,7 +497,14 @@ def site_round_trips(e, org, site, extra=""):
     e.site_sql(site, "SELECT pg_reload_conf()")
     try:
         c = e.app()
+        off = e.site_pg.log_size()
         c.execute(f"SELECT count(*) FROM documents WHERE organization_id = {org}")   # the fdw connection is up
+        time.sleep(0.3)
+        # the site backend serving this session's fdw connection: the one that ran
+        # the pushed-down count (a scheduled ANALYZE has connections of its own and
+        # may log in the same window)
+        counted = [ln for ln in e.site_pg.log_since(off).splitlines()
+                   if f"@{db} " in ln and "count(" in ln and ("LOG:  statement:" in ln or "LOG:  execute" in ln)]
         (doc,) = c.execute(f"SELECT min(id) FROM documents WHERE organization_id = {org}").fetchone()
         cols, vals = ("organization_id, title" + (", " + extra.split("=")[0] if extra else ""),
                       f"{org}, 'round trips'" + (", " + extra.split("=")[1] if extra else ""))
@@ -507,7 +514,8 @@ def site_round_trips(e, org, site, extra=""):
             "update": f"UPDATE documents SET hits = hits + 1 WHERE organization_id = {org} AND id = {doc}",
             "delete": f"DELETE FROM documents WHERE organization_id = {org} AND title = 'round trips'",
         }
-        logged, pid = {}, None
+        logged = {}
+        pid = counted[-1].split("[", 1)[1].split("]", 1)[0] if counted else None
         for op, sql in ops.items():
             time.sleep(0.2)
             off = e.site_pg.log_size()
