@@ -1010,9 +1010,11 @@ static const char *leaf_of(void *arg, const char *schema, const char *table)
  * normalized text put back, the leaves of d->org put in a leaf template's
  * markers (valid until the next call). NULL: not rewritable for d->org.
  */
+static char *fill_buf;		/* what filled() returns, reused */
+static size_t fill_cap;
+
 static const char *filled(const struct orr *g, const char *res, bool tmpl, const struct decision *d)
 {
-	static char *last;
 	struct leaf_arg l = { g->mc, d->org };
 	bool no_leaf;
 
@@ -1020,9 +1022,9 @@ static const char *filled(const struct orr *g, const char *res, bool tmpl, const
 		return NULL;
 	if (!tmpl && !cur_norm)
 		return res;
-	free(last);
-	last = or_template_fill(res, cur_norm, tmpl ? leaf_of : NULL, &l, &no_leaf);
-	return last;
+	if (!or_template_fill_buf(res, cur_norm, tmpl ? leaf_of : NULL, &l, &no_leaf, &fill_buf, &fill_cap))
+		return NULL;
+	return fill_buf;
 }
 
 /*
@@ -1643,23 +1645,70 @@ static bool word_is_table(struct orr *g, const struct orc *x, const char *word, 
  * inline values) neither cost a parse nor evict the cache. False positives
  * only cost the parse.
  */
+/* Byte classes of may_matter (C locale, as PostgreSQL's scanner): */
+#define CC_START 1u	/* starts a word: a letter, _ or a byte >= 0x80 */
+#define CC_WORD 2u	/* continues one: also digits and $ */
+#define CC_SPACE 4u	/* isspace() */
+
+static unsigned char cclass[256];
+
+static void cclass_init(void)
+{
+	for (int c = 0; c < 256; c++) {
+		unsigned k = 0;
+		if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c >= 0x80)
+			k |= CC_START | CC_WORD;
+		if ((c >= '0' && c <= '9') || c == '$')
+			k |= CC_WORD;
+		if (c == ' ' || (c >= '\t' && c <= '\r'))
+			k |= CC_SPACE;
+		cclass[c] = (unsigned char)k;
+	}
+}
+
+/* The words of statements on the session or the transaction, lower-case. */
+static const char *const mm_keywords[] = {
+	"lokadb", "search_path", "set_config", "reset", "discard", "commit", "rollback", "abort", "end",
+	"prepare", "execute", "deallocate", "begin", "start", "plan_cache_mode", NULL
+};
+enum { PLAN_MODE_WORD = 14 };	/* mm_keywords[14] */
+
+/* MM_SESSION (| MM_PLAN_MODE) if the lower-case word (n bytes) is one of them. */
+static unsigned mm_keyword(const char *word, size_t n)
+{
+	if (n < 3 || n > 15)
+		return 0;
+	for (int k = 0; mm_keywords[k]; k++)
+		if (mm_keywords[k][0] == word[0] && strlen(mm_keywords[k]) == n && memcmp(word, mm_keywords[k], n) == 0)
+			return MM_SESSION | (k == PLAN_MODE_WORD ? MM_PLAN_MODE : 0);
+	return 0;
+}
+
+/*
+ * Prefilter: can this text matter to routing at all? It can when one of its
+ * words (anywhere: identifiers, strings, comments) names a LokaDB table as
+ * PostgreSQL would resolve it (schema.name, or name along the search_path),
+ * or is a word of a statement that changes the session or ends a
+ * transaction. Otherwise the message passes without being parsed or
+ * cached, so statements with fresh literals (pgbench -M simple, ORMs that
+ * inline values) neither cost a parse nor evict the cache. False positives
+ * only cost the parse. One pass over the text, a byte-class table (no
+ * ctype calls), a keyword compared only when its first byte and length match.
+ */
 static unsigned may_matter(struct orr *g, const struct orc *x, const char *user, const char *sql)
 {
 	unsigned found = 0;
-	static const char *const keywords[] = {
-		"lokadb", "search_path", "set_config", "reset", "discard", "commit", "rollback", "abort", "end",
-		"prepare", "execute", "deallocate", "begin", "start", "plan_cache_mode", NULL
-	};
-	enum { PLAN_MODE_WORD = 14 };	/* keywords[14] */
-	static size_t kwlen[sizeof(keywords) / sizeof(keywords[0])];
 	const char *path = x->search_path ? x->search_path : OR_DEFAULT_PATH;
 	char prev[NAMEDATALEN_OR] = "", word[NAMEDATALEN_OR];
 	bool prev_dot = false;
-	const char *p = sql;
+	const unsigned char *p = (const unsigned char *)sql;
 
+	if (!cclass['a'])
+		cclass_init();
 	while (*p) {
-		const char *w;
+		const unsigned char *w;
 		size_t n;
+		unsigned k = cclass[*p];
 		bool quoted = false;
 		if (*p == '"') {
 			w = ++p;
@@ -1669,17 +1718,17 @@ static unsigned may_matter(struct orr *g, const struct orc *x, const char *user,
 			if (*p)
 				p++;
 			quoted = true;
-		} else if (isalpha((unsigned char)*p) || *p == '_' || (unsigned char)*p >= 0x80) {
+		} else if (k & CC_START) {
 			w = p;
-			while (isalnum((unsigned char)*p) || *p == '_' || *p == '$' || (unsigned char)*p >= 0x80)
+			while (cclass[*p] & CC_WORD)
 				p++;
 			n = (size_t)(p - w);
 		} else {
-			if (*p != '.' && !isspace((unsigned char)*p)) {
+			if (*p == '.')
+				prev_dot = prev[0] != 0;
+			else if (!(k & CC_SPACE)) {
 				prev[0] = 0;
 				prev_dot = false;
-			} else if (*p == '.') {
-				prev_dot = prev[0] != 0;
 			}
 			p++;
 			continue;
@@ -1689,16 +1738,14 @@ static unsigned may_matter(struct orr *g, const struct orc *x, const char *user,
 			prev_dot = false;
 			continue;
 		}
-		for (size_t i = 0; i < n; i++)
-			word[i] = quoted ? w[i] : (char)tolower((unsigned char)w[i]);
+		if (quoted) {
+			memcpy(word, w, n);
+		} else {
+			for (size_t i = 0; i < n; i++)
+				word[i] = (char)(w[i] >= 'A' && w[i] <= 'Z' ? w[i] + ('a' - 'A') : w[i]);
+			found |= mm_keyword(word, n);	/* (word is lower-case, as the keywords) */
+		}
 		word[n] = 0;
-		if (!quoted && !kwlen[0])
-			for (int k = 0; keywords[k]; k++)
-				kwlen[k] = strlen(keywords[k]);
-		if (!quoted)	/* (word is lower-case, as the keywords) */
-			for (int k = 0; keywords[k]; k++)
-				if (kwlen[k] == n && memcmp(word, keywords[k], n) == 0)
-					found |= MM_SESSION | (k == PLAN_MODE_WORD ? MM_PLAN_MODE : 0);
 		if (!(found & MM_TABLE) &&
 		    ((prev_dot && g->mc->table(prev, word)) || word_is_table(g, x, word, n, path, user)))
 			found |= MM_TABLE;
@@ -2009,6 +2056,9 @@ static void or_fini(lk_plugin *self)
 	tpls_free(g);
 	free(g->words);
 	or_shapes_free();
+	free(fill_buf);
+	fill_buf = NULL;
+	fill_cap = 0;
 	free(g->databases);
 	free(g);
 }

@@ -156,13 +156,18 @@ uint64_t or_hash(const char *s, size_t n, uint64_t seed);
 
 /* ---- normalize.c ---- */
 
-/* A text with its literals replaced by $1..$n (see normalize.c). */
+/* A text with its literals replaced by $1..$n (see normalize.c). Everything
+ * it points to lives in one allocation (`mem`), made once per text. */
 struct or_norm {
 	char *text;		/* the normalized text */
 	int n;			/* literals replaced */
 	char **vals;		/* their values as the analysis reads constants (integers printed, strings unquoted) */
 	char **toks;		/* their texts as written */
-	int cap;		/* room in vals and toks */
+	uint32_t *lens;		/* strlen(toks[i]) */
+	int cap;		/* room in vals, toks and lens */
+	char *arena;		/* where toks and vals are written */
+	size_t used, room;	/* of arena */
+	void *mem;
 };
 
 /* false: not normalized (no literal to replace, or a form left as is); out is then empty. */
@@ -191,6 +196,10 @@ typedef const char *(*or_leaf_fn)(void *arg, const char *schema, const char *tab
  * out of memory, or with *no_leaf set when a table has no leaf.
  */
 char *or_template_fill(const char *tpl, const struct or_norm *n, or_leaf_fn leaf, void *arg, bool *no_leaf);
+/* The same into *buf (of *cap bytes, grown with realloc as needed, kept for
+ * the next call): false on out of memory or as above. */
+bool or_template_fill_buf(const char *tpl, const struct or_norm *n, or_leaf_fn leaf, void *arg, bool *no_leaf,
+			  char **buf, size_t *cap);
 
 /* ---- rewrite.c ---- */
 
