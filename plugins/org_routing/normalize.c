@@ -306,36 +306,58 @@ void or_shapes_free(void)
 #define SK_MARK 1u
 #define SK_LIT 2u
 
-static uint64_t skeleton(const char *s, unsigned *flags, size_t *len)
+static uint64_t skeleton(const char *str, unsigned *flags, size_t *len)
 {
-	const char *s0 = s;
+	static unsigned char special[256];	/* the bytes that are not simply hashed: NUL, 1, 2, ' and digits */
+	const unsigned char *s = (const unsigned char *)str;
+	const uint64_t prime = 1099511628211ull;
 	uint64_t h = 1469598103934665603ull;
 	unsigned fl = 0;
-	bool q = false;
 
-	for (; *s; s++) {
-		unsigned char c = (unsigned char)*s;
-		if (c <= TPL_END)
-			fl |= SK_MARK;
-		if (c == '\'') {
-			fl |= SK_LIT;
-			if (q && s[1] == '\'') {
-				s++;		/* a doubled quote: string content */
-				continue;
-			}
-			q = !q;
-		} else if (q) {
+	if (!special['0']) {
+		special[0] = special[TPL_MARK] = special[TPL_END] = special['\''] = 1;
+		for (int c = '0'; c <= '9'; c++)
+			special[c] = 1;
+	}
+	for (;;) {
+		unsigned char c = *s;
+		if (!special[c]) {
+			h = (h ^ c) * prime;
+			s++;
 			continue;
-		} else if (IS_DIGIT(c)) {
-			fl |= SK_LIT;
-			while (IS_DIGIT(s[1]))
-				s++;
-			c = '#';
 		}
-		h = (h ^ c) * 1099511628211ull;
+		if (!c)
+			break;
+		if (c <= TPL_END) {
+			fl |= SK_MARK;
+			h = (h ^ c) * prime;
+			s++;
+			continue;
+		}
+		fl |= SK_LIT;
+		if (c != '\'') {	/* a digit run */
+			while (IS_DIGIT(*s))
+				s++;
+			h = (h ^ '#') * prime;
+			continue;
+		}
+		h = (h ^ '\'') * prime;		/* a string: its contents left out */
+		for (s++; *s; s++) {
+			if (*s <= TPL_END)
+				fl |= SK_MARK;
+			if (*s == '\'') {
+				if (s[1] != '\'')
+					break;
+				s++;	/* a doubled quote: string content */
+			}
+		}
+		if (!*s)
+			break;
+		h = (h ^ '\'') * prime;
+		s++;
 	}
 	*flags = fl;
-	*len = (size_t)(s - s0);
+	*len = (size_t)(s - (const unsigned char *)str);
 	return h;
 }
 

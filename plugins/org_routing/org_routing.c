@@ -1046,10 +1046,11 @@ static const char *rewritten(struct orr *g, lk_event *ev, const struct orc *x, c
 	enum or_rw_result rc;
 	char *out;
 
-	if (tmpl && !any_leaf(g, a, d->org))
-		return NULL;	/* the organization has no partition of its own: nothing to address */
+	/* a known template: filled in (NULL if the organization lacks a leaf) */
 	if (cur_norm ? tpl_get(g, sql, x->sp_key, key, org, &res) : or_memo_get(m, org, key, &res))
 		return filled(g, res, tmpl, d);
+	if (tmpl && !any_leaf(g, a, d->org))
+		return NULL;	/* the organization has no partition of its own: nothing to address */
 	names.user = api->client_user(api->ev_client(ev));
 	g->n[N_REWRITES_MADE]++;
 	rc = or_rewrite(sql, a, &names, tmpl ? NULL : d->org, to_leaf, &out, &err);
@@ -1635,16 +1636,6 @@ static bool word_is_table(struct orr *g, const struct orc *x, const char *word, 
 	return m->table;
 }
 
-/*
- * Prefilter: can this text matter to routing at all? It can when one of its
- * words (anywhere: identifiers, strings, comments) names a LokaDB table as
- * PostgreSQL would resolve it (schema.name, or name along the search_path),
- * or is a word of a statement that changes the session or ends a
- * transaction. Otherwise the message passes without being parsed or
- * cached, so statements with fresh literals (pgbench -M simple, ORMs that
- * inline values) neither cost a parse nor evict the cache. False positives
- * only cost the parse.
- */
 /* Byte classes of may_matter (C locale, as PostgreSQL's scanner): */
 #define CC_START 1u	/* starts a word: a letter, _ or a byte >= 0x80 */
 #define CC_WORD 2u	/* continues one: also digits and $ */
@@ -1666,20 +1657,33 @@ static void cclass_init(void)
 	}
 }
 
-/* The words of statements on the session or the transaction, lower-case. */
+/* The words of statements on the session or the transaction, lower-case,
+ * in byte order: a word is compared only with those of its first byte. */
 static const char *const mm_keywords[] = {
-	"lokadb", "search_path", "set_config", "reset", "discard", "commit", "rollback", "abort", "end",
-	"prepare", "execute", "deallocate", "begin", "start", "plan_cache_mode", NULL
+	"abort", "begin", "commit", "deallocate", "discard", "end", "execute", "lokadb", "plan_cache_mode",
+	"prepare", "reset", "rollback", "search_path", "set_config", "start", NULL
 };
-enum { PLAN_MODE_WORD = 14 };	/* mm_keywords[14] */
+enum { PLAN_MODE_WORD = 8 };	/* mm_keywords[8] */
 
 /* MM_SESSION (| MM_PLAN_MODE) if the lower-case word (n bytes) is one of them. */
 static unsigned mm_keyword(const char *word, size_t n)
 {
-	if (n < 3 || n > 15)
+	static signed char first[26];	/* a..z: the first keyword with that byte, -1: none */
+	static unsigned char len[sizeof(mm_keywords) / sizeof(mm_keywords[0])];
+	unsigned char c = (unsigned char)word[0];
+
+	if (!len[0]) {
+		memset(first, -1, sizeof(first));
+		for (int k = 0; mm_keywords[k]; k++) {
+			len[k] = (unsigned char)strlen(mm_keywords[k]);
+			if (first[mm_keywords[k][0] - 'a'] < 0)
+				first[mm_keywords[k][0] - 'a'] = (signed char)k;
+		}
+	}
+	if (n < 3 || n > 15 || c < 'a' || c > 'z' || first[c - 'a'] < 0)
 		return 0;
-	for (int k = 0; mm_keywords[k]; k++)
-		if (mm_keywords[k][0] == word[0] && strlen(mm_keywords[k]) == n && memcmp(word, mm_keywords[k], n) == 0)
+	for (int k = first[c - 'a']; mm_keywords[k] && mm_keywords[k][0] == word[0]; k++)
+		if (len[k] == n && memcmp(word, mm_keywords[k], n) == 0)
 			return MM_SESSION | (k == PLAN_MODE_WORD ? MM_PLAN_MODE : 0);
 	return 0;
 }
@@ -1699,30 +1703,36 @@ static unsigned may_matter(struct orr *g, const struct orc *x, const char *user,
 {
 	unsigned found = 0;
 	const char *path = x->search_path ? x->search_path : OR_DEFAULT_PATH;
-	char prev[NAMEDATALEN_OR] = "", word[NAMEDATALEN_OR];
+	char bufs[2][NAMEDATALEN_OR], *prev = bufs[0], *word = bufs[1];
 	bool prev_dot = false;
 	const unsigned char *p = (const unsigned char *)sql;
 
 	if (!cclass['a'])
 		cclass_init();
+	prev[0] = 0;
 	while (*p) {
-		const unsigned char *w;
-		size_t n;
+		size_t n = 0;
 		unsigned k = cclass[*p];
 		bool quoted = false;
+		char *t;
 		if (*p == '"') {
-			w = ++p;
+			const unsigned char *w = ++p;
 			while (*p && *p != '"')
 				p++;
 			n = (size_t)(p - w);
+			if (n < NAMEDATALEN_OR)
+				memcpy(word, w, n);
 			if (*p)
 				p++;
 			quoted = true;
 		} else if (k & CC_START) {
-			w = p;
-			while (cclass[*p] & CC_WORD)
+			/* the word, lower-cased as it is read (as much of it as fits) */
+			do {
+				if (n < NAMEDATALEN_OR)
+					word[n] = (char)(*p >= 'A' && *p <= 'Z' ? *p + ('a' - 'A') : *p);
+				n++;
 				p++;
-			n = (size_t)(p - w);
+			} while (cclass[*p] & CC_WORD);
 		} else {
 			if (*p == '.')
 				prev_dot = prev[0] != 0;
@@ -1733,23 +1743,20 @@ static unsigned may_matter(struct orr *g, const struct orc *x, const char *user,
 			p++;
 			continue;
 		}
-		if (n == 0 || n >= sizeof(word)) {
+		if (n == 0 || n >= NAMEDATALEN_OR) {
 			prev[0] = 0;
 			prev_dot = false;
 			continue;
 		}
-		if (quoted) {
-			memcpy(word, w, n);
-		} else {
-			for (size_t i = 0; i < n; i++)
-				word[i] = (char)(w[i] >= 'A' && w[i] <= 'Z' ? w[i] + ('a' - 'A') : w[i]);
-			found |= mm_keyword(word, n);	/* (word is lower-case, as the keywords) */
-		}
 		word[n] = 0;
+		if (!quoted)	/* (word is lower-case, as the keywords) */
+			found |= mm_keyword(word, n);
 		if (!(found & MM_TABLE) &&
 		    ((prev_dot && g->mc->table(prev, word)) || word_is_table(g, x, word, n, path, user)))
 			found |= MM_TABLE;
-		memcpy(prev, word, n + 1);
+		t = prev;	/* this word is the previous one of the next */
+		prev = word;
+		word = t;
 		prev_dot = false;
 	}
 	return found;
