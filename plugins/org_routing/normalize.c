@@ -244,6 +244,8 @@ static bool push_lit(struct or_norm *n, char kind, const char *tok, size_t len)
 		}
 		v[o] = 0;
 	}
+	if (kind == 's' && memchr(tok, '"', len))
+		n->lit_dq = true;
 	memcpy(t, tok, len);
 	t[len] = 0;
 	n->toks[n->n] = t;
@@ -283,6 +285,10 @@ struct shape {
 	int n;
 	uint32_t *off;			/* where "$k" (k = i + 1) starts in norm */
 	char *kind;			/* 'i': an integer, 's': a string */
+	bool mm_ok;			/* the prefilter's answer decomposes (below) */
+	bool mm_set;			/* mm is known for (mm_sp, mm_cat) */
+	unsigned mm;
+	uint64_t mm_sp, mm_cat;
 };
 
 static struct shape *shapes;
@@ -402,11 +408,57 @@ static bool shape_match(const struct shape *sh, const char *sql, size_t len, str
 	if ((size_t)(end - p) != sh->norm_len - prev || memcmp(p, sh->norm + prev, sh->norm_len - prev) != 0)
 		return false;
 	memcpy(out->text, sh->norm, sh->norm_len + 1);
+	out->shape = (unsigned)(sh - shapes) + 1;
+	out->shape_key = sh->key;
+	return true;
+}
+
+/*
+ * The prefilter and shapes. The prefilter (org_routing.c, may_matter) reads
+ * the words of a text, inside literals too (set_config('lokadb.org', ...)),
+ * and remembers the previous word across blanks and dots; a double quote
+ * starts a quoted word that runs to the next one. For texts of one shape
+ * its answer is the answer for the normalized text or-ed with the answers
+ * for each string literal as written, when:
+ *   - no placeholder follows a byte that continues a word (N'x' is N$1:
+ *     the word "n$1" is not the word "n"), and none lies between two double
+ *     quotes of the normalized text (a quoted word would swallow it);
+ *   - no string literal holds a double quote (checked per text).
+ * Then a literal is read the same way in the text as on its own: its first
+ * byte (a quote or a digit) ends the previous word, its last byte ends its
+ * own words, and "$k" in the normalized text ends a word the same way ($ and
+ * digits do not start one). Integer literals hold no word.
+ */
+static bool word_byte(unsigned char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '$' ||
+	       c >= 0x80;
+}
+
+static bool mm_decomposes(const struct shape *sh)
+{
+	const char *q = sh->norm;
+	int i = 0;
+
+	for (int k = 0; k < sh->n; k++)
+		if (sh->off[k] > 0 && word_byte((unsigned char)sh->norm[sh->off[k] - 1]))
+			return false;
+	while ((q = strchr(q, '"')) != NULL) {
+		const char *e = strchr(q + 1, '"');
+		size_t a = (size_t)(q - sh->norm), b = e ? (size_t)(e - sh->norm) : sh->norm_len;
+		while (i < sh->n && sh->off[i] < a)
+			i++;
+		if (i < sh->n && sh->off[i] < b)
+			return false;
+		if (!e)
+			break;
+		q = e + 1;
+	}
 	return true;
 }
 
 /* Remember the shape of a text the scanner normalized. */
-static void shape_put(uint64_t key, const struct or_norm *n, size_t norm_len, const uint32_t *off, const char *kind)
+static void shape_put(uint64_t key, struct or_norm *n, size_t norm_len, const uint32_t *off, const char *kind)
 {
 	struct shape *sh;
 
@@ -433,6 +485,63 @@ static void shape_put(uint64_t key, const struct or_norm *n, size_t norm_len, co
 	sh->norm_len = norm_len;
 	sh->n = n->n;
 	sh->key = key;
+	sh->mm_ok = mm_decomposes(sh);
+	n->shape = (unsigned)(sh - shapes) + 1;
+	n->shape_key = key;
+}
+
+bool or_normalize_known(const char *sql, struct or_norm *out)
+{
+	uint64_t key;
+	size_t len;
+	unsigned fl;
+
+	memset(out, 0, sizeof(*out));
+	if (!shapes)
+		return false;
+	key = skeleton(sql, &fl, &len);
+	if ((fl & SK_MARK) || !(fl & SK_LIT) || !shapes[key % SHAPES].norm || shapes[key % SHAPES].key != key)
+		return false;
+	if (shape_match(&shapes[key % SHAPES], sql, len, out))
+		return true;
+	or_norm_free(out);
+	return false;
+}
+
+static struct shape *shape_of(const struct or_norm *n)
+{
+	struct shape *sh = n->shape && shapes ? &shapes[n->shape - 1] : NULL;
+
+	return sh && sh->norm && sh->key == n->shape_key ? sh : NULL;
+}
+
+bool or_shape_mm_usable(const struct or_norm *n)
+{
+	const struct shape *sh = shape_of(n);
+
+	return sh && sh->mm_ok && !n->lit_dq;
+}
+
+bool or_shape_mm_get(const struct or_norm *n, uint64_t sp_key, uint64_t cat, unsigned *mm)
+{
+	const struct shape *sh = shape_of(n);
+
+	if (!sh || !sh->mm_set || sh->mm_sp != sp_key || sh->mm_cat != cat)
+		return false;
+	*mm = sh->mm;
+	return true;
+}
+
+void or_shape_mm_put(const struct or_norm *n, uint64_t sp_key, uint64_t cat, unsigned mm)
+{
+	struct shape *sh = shape_of(n);
+
+	if (!sh)
+		return;
+	sh->mm_set = true;
+	sh->mm = mm;
+	sh->mm_sp = sp_key;
+	sh->mm_cat = cat;
 }
 
 bool or_normalize(const char *sql, struct or_norm *out)

@@ -1461,7 +1461,21 @@ static int route_now(struct orr *g, lk_event *ev, lk_client *c, struct orc *x)
 			orig = orig_copy;	/* decide on the client's own text */
 		}
 	}
-	mm = may_matter(g, x, api->client_user(c), orig);
+	if (type == 'Q' && or_normalize_known(orig, &nm) && or_shape_mm_usable(&nm)) {
+		/* a text of a known shape: the prefilter's answer for its
+		 * normalized text is memoized, its string literals are read */
+		uint64_t ck = cat_key(g);
+		if (!or_shape_mm_get(&nm, x->sp_key, ck, &mm)) {
+			mm = may_matter(g, x, api->client_user(c), nm.text);
+			or_shape_mm_put(&nm, x->sp_key, ck, mm);
+		}
+		for (int i = 0; i < nm.n; i++)
+			if (nm.toks[i][0] == '\'')
+				mm |= may_matter(g, x, api->client_user(c), nm.toks[i]);
+	} else {
+		or_norm_free(&nm);
+		mm = may_matter(g, x, api->client_user(c), orig);
+	}
 	if (mm & MM_PLAN_MODE)
 		forget_var(ev, "plan_cache_mode");	/* a SET or set_config of it, perhaps */
 	if (!mm) {
@@ -1480,7 +1494,7 @@ static int route_now(struct orr *g, lk_event *ev, lk_client *c, struct orc *x)
 	names.user = api->client_user(c);
 	/* A simple Query naming tables only: its analysis is shared by every
 	 * text that differs from it only by literals (normalize.c). */
-	if (type == 'Q' && mm == MM_TABLE && or_normalize(orig, &nm)) {
+	if (type == 'Q' && mm == MM_TABLE && (nm.text || or_normalize(orig, &nm))) {
 		struct or_cache_stats st0, st;
 		or_cache_stats(g->cache, &st0);
 		a = or_cache_get(g->cache, nm.text, x->sp_key ^ OR_NORM_SALT, cat_key(g), &names);

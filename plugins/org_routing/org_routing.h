@@ -168,11 +168,26 @@ struct or_norm {
 	char *arena;		/* where toks and vals are written */
 	size_t used, room;	/* of arena */
 	void *mem;
+	unsigned shape;		/* 1 + the slot of its shape; 0: none */
+	uint64_t shape_key;	/* that shape's key */
+	bool lit_dq;		/* a string literal holds a double quote */
 };
 
 /* false: not normalized (no literal to replace, or a form left as is); out is then empty. */
 bool or_normalize(const char *sql, struct or_norm *out);
 void or_norm_free(struct or_norm *n);
+/* or_normalize() only through a known shape (no scan); false: none matches. */
+bool or_normalize_known(const char *sql, struct or_norm *out);
+/*
+ * The prefilter's answer for the normalized text, memoized with its shape
+ * (see normalize.c, "The prefilter and shapes"). usable: the answer for a
+ * text of that shape is the answer for the normalized text or-ed with the
+ * answers for its string literals (as written). get: the memo for (sp_key,
+ * cat); put: remember it.
+ */
+bool or_shape_mm_usable(const struct or_norm *n);
+bool or_shape_mm_get(const struct or_norm *n, uint64_t sp_key, uint64_t cat, unsigned *mm);
+void or_shape_mm_put(const struct or_norm *n, uint64_t sp_key, uint64_t cat, unsigned mm);
 /* x in decimal into out (at least 21 bytes); its length. */
 size_t or_format_int(long long x, char *out);
 /* Forget the shapes of normalized texts (see normalize.c); at unload. */

@@ -265,7 +265,60 @@ end:
 	return ok;
 }
 
+/* The prefilter's memo of a shape: usable only where its answer decomposes. */
+static bool shape_prefilter_memo(void)
+{
+	static const struct {
+		const char *first, *second;
+		bool usable;
+	} t[] = {
+		{ "SELECT a FROM t WHERE o = 1 AND s = 'x'", "SELECT a FROM t WHERE o = 2 AND s = 'lokadb'", true },
+		{ "SELECT \"a\" FROM \"t\" WHERE o = 1", "SELECT \"a\" FROM \"t\" WHERE o = 22", true },
+		/* a literal inside a quoted word of the prefilter (a double quote in a comment) */
+		{ "SELECT a /* \" */, 'x' /* \" */ FROM t", "SELECT a /* \" */, 'y' /* \" */ FROM t", false },
+		/* a literal right after a word byte: N'x' is read as the word n */
+		{ "SELECT N'x' FROM t", "SELECT N'y' FROM t", false },
+		/* a string literal with a double quote */
+		{ "SELECT 'x' FROM t", "SELECT 'a\"b' FROM t", false },
+	};
+	bool ok = true;
+
+	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+		struct or_norm n;
+		unsigned mm = 0;
+		or_shapes_free();
+		CHECK(!or_normalize_known(t[i].first, &n));	/* no shape yet */
+		CHECK(or_normalize(t[i].first, &n));
+		CHECK(n.shape != 0);
+		or_shape_mm_put(&n, 1, 2, 5u);
+		or_norm_free(&n);
+		CHECK(or_normalize_known(t[i].second, &n));
+		CHECK(or_shape_mm_usable(&n) == t[i].usable);
+		CHECK(or_shape_mm_get(&n, 1, 2, &mm) && mm == 5u);
+		CHECK(!or_shape_mm_get(&n, 1, 3, &mm) && !or_shape_mm_get(&n, 9, 2, &mm));
+		or_norm_free(&n);
+	}
+	/* a shape replaced: its memo goes with it */
+	{
+		struct or_norm n, m;
+		unsigned mm;
+		or_shapes_free();
+		CHECK(or_normalize("SELECT 1 FROM t", &n));
+		or_shape_mm_put(&n, 1, 2, 5u);
+		or_shapes_free();
+		CHECK(!or_shape_mm_get(&n, 1, 2, &mm));
+		CHECK(or_normalize("SELECT 1 FROM t", &m));
+		CHECK(!or_shape_mm_get(&m, 1, 2, &mm));
+		or_norm_free(&n);
+		or_norm_free(&m);
+	}
+end:
+	or_shapes_free();
+	return ok;
+}
+
 static const struct unit_case cases[] = {
+	{ "the prefilter memo of a shape", shape_prefilter_memo },
 	{ "every kind of literal", every_kind_of_literal },
 	{ "literals become $n", norm_literals },
 	{ "forms left as written", norm_left_as_written },
