@@ -105,16 +105,6 @@ static const char *const counter_names[N_COUNT] = {
 struct orc;
 struct plog;
 
-/* A leaf-rewrite template of a normalized text (see tpl_get). */
-struct tpl_slot {
-	uint64_t h, sp_key, key;
-	uint64_t used;			/* tpl_clock when last used: the older of a set is replaced */
-	char *norm;			/* NULL: free */
-	char org[OR_ORG_MAX + 1];
-	char *tpl;			/* NULL: not rewritable */
-};
-
-
 /* A word the prefilter looked up along a search path (see word_is_table). */
 #define WORD_MEMO 1024
 struct word_memo {
@@ -139,9 +129,6 @@ struct orr {
 	bool subscribed;		/* on_change of meta_cache registered */
 	uint64_t gen;			/* catalog changes seen by on_change */
 	struct word_memo *words;	/* the prefilter's table_search answers (WORD_MEMO slots) */
-	struct tpl_slot *tpls;		/* leaf-rewrite templates of normalized texts (sets of 2) */
-	size_t ntpls;
-	uint64_t tpl_clock;
 	struct orc *paused;		/* clients holding a statement of a paused organization */
 	lk_timer *release;		/* a pass over `paused` is due (after a catalog change) */
 	uint64_t n[N_COUNT];
@@ -224,7 +211,6 @@ struct decision {
 };
 
 static void subscribe(struct orr *g);
-static void tpls_free(struct orr *g);
 
 /* The literals of the message being decided when its analysis is the one of
  * its normalized text (normalize.c): $k of that analysis is literal k, not
@@ -355,9 +341,6 @@ static int or_config_apply(lk_plugin *self, lk_event *ev)
 			or_cache_free(g->cache);
 			g->cache = c;
 			g->cache_size = n;
-			tpls_free(g);
-			if ((g->tpls = calloc(n, sizeof(*g->tpls))) != NULL)
-				g->ntpls = n;
 		} else {
 			api->log(self, LK_LOG_ERROR, "out of memory for a parse cache of %zu statements", n);
 		}
@@ -909,86 +892,6 @@ static bool any_leaf(struct orr *g, const struct or_analysis *a, const char *org
 	return false;
 }
 
-/*
- * Rewrite templates of normalized texts, one per (text, search path) for a
- * leaf template (it serves every organization: ORG_ANY), one per (text,
- * search path, organization) for a COPY, in sets of 2 slots (a third one
- * replaces the one of the set used least recently: with one slot per hash,
- * two texts whose keys collide would each replace the other's template, a
- * parse and a deparse per statement, some 1.5 million instructions each).
- * A template per organization made the templates of 10,000 organizations
- * overflow the slots: a parse and a deparse for nearly every statement.
- */
-static void tpls_free(struct orr *g)
-{
-	for (size_t i = 0; i < g->ntpls; i++) {
-		free(g->tpls[i].norm);
-		free(g->tpls[i].tpl);
-	}
-	free(g->tpls);
-	g->tpls = NULL;
-	g->ntpls = 0;
-}
-
-#define TPL_WAYS 2
-
-/* The set of (norm, sp_key, org): TPL_WAYS slots. */
-static struct tpl_slot *tpl_set(struct orr *g, const char *norm, uint64_t sp_key, const char *org, uint64_t *h)
-{
-	if (g->ntpls < TPL_WAYS)
-		return NULL;
-	*h = or_hash(org, strlen(org), or_hash(norm, strlen(norm), sp_key));
-	return &g->tpls[(*h % (g->ntpls / TPL_WAYS)) * TPL_WAYS];
-}
-
-/* true and *tpl (NULL: not rewritable) when known. */
-static bool tpl_get(struct orr *g, const char *norm, uint64_t sp_key, uint64_t key, const char *org, const char **tpl)
-{
-	uint64_t h;
-	struct tpl_slot *set = tpl_set(g, norm, sp_key, org, &h);
-
-	for (int i = 0; set && i < TPL_WAYS; i++) {
-		struct tpl_slot *t = &set[i];
-		if (!t->norm || t->h != h || t->sp_key != sp_key || t->key != key || strcmp(t->org, org) != 0 ||
-		    strcmp(t->norm, norm) != 0)
-			continue;
-		t->used = ++g->tpl_clock;
-		*tpl = t->tpl;
-		return true;
-	}
-	return false;
-}
-
-/* Remember a template (taken over; may be NULL). */
-static void tpl_put(struct orr *g, const char *norm, uint64_t sp_key, uint64_t key, const char *org, char *tpl)
-{
-	uint64_t h;
-	struct tpl_slot *set = tpl_set(g, norm, sp_key, org, &h), *t;
-	char *n;
-
-	if (!set || strlen(org) > OR_ORG_MAX || !(n = strdup(norm))) {
-		free(tpl);
-		return;
-	}
-	t = &set[0];
-	for (int i = 1; i < TPL_WAYS && t->norm; i++)
-		if (!set[i].norm || set[i].used < t->used)
-			t = &set[i];
-	for (int i = 0; i < TPL_WAYS; i++)	/* the same one for another catalog: replaced */
-		if (set[i].norm && set[i].h == h && set[i].sp_key == sp_key && strcmp(set[i].org, org) == 0 &&
-		    strcmp(set[i].norm, norm) == 0)
-			t = &set[i];
-	free(t->norm);
-	free(t->tpl);
-	t->norm = n;
-	t->tpl = tpl;
-	t->h = h;
-	t->sp_key = sp_key;
-	t->key = key;
-	t->used = ++g->tpl_clock;
-	snprintf(t->org, sizeof(t->org), "%s", org);
-}
-
 /* The memo and template key of leaf templates: they serve every organization
  * (no organization id holds a control byte: see normalize()). */
 static const char ORG_ANY[] = { OR_LEAF_MARK, 0 };
@@ -1030,9 +933,11 @@ static const char *filled(const struct orr *g, const char *res, bool tmpl, const
 /*
  * `sql` (analyzed as a) rewritten for d->org: to the leaves when to_leaf,
  * COPY table TO as COPY (query) TO. A leaf rewrite is made once per
- * parse-cache entry (or normalized text) as a leaf template, whatever the
- * number of organizations, and filled in with the organization's leaves per
- * message; a COPY rewrite is memoized per organization. NULL: nothing to
+ * parse-cache entry as a leaf template, whatever the number of
+ * organizations, and filled in with the organization's leaves per message
+ * (the entry of a normalized text keeps it with its $k marked, filled in
+ * with the message's literals too); a COPY rewrite is memoized per
+ * organization. NULL: nothing to
  * rewrite (or it failed: d->rewrite).
  */
 static const char *rewritten(struct orr *g, lk_event *ev, const struct orc *x, const struct or_analysis *a,
@@ -1047,7 +952,7 @@ static const char *rewritten(struct orr *g, lk_event *ev, const struct orc *x, c
 	char *out;
 
 	/* a known template: filled in (NULL if the organization lacks a leaf) */
-	if (cur_norm ? tpl_get(g, sql, x->sp_key, key, org, &res) : or_memo_get(m, org, key, &res))
+	if (or_memo_get(m, org, key, &res))
 		return filled(g, res, tmpl, d);
 	if (tmpl && !any_leaf(g, a, d->org))
 		return NULL;	/* the organization has no partition of its own: nothing to address */
@@ -1069,10 +974,6 @@ static const char *rewritten(struct orr *g, lk_event *ev, const struct orc *x, c
 		api->log(g->self, LK_LOG_WARNING, "C-%" PRIu64 " could not rewrite a statement for organization %s: %s",
 			 api->client_id(api->ev_client(ev)), d->org, err);
 		out = NULL;	/* remembered as "not rewritable" */
-	}
-	if (cur_norm) {
-		tpl_put(g, sql, x->sp_key, key, org, rc == OR_RW_DONE ? out : NULL);
-		return tpl_get(g, sql, x->sp_key, key, org, &res) ? filled(g, res, tmpl, d) : NULL;
 	}
 	if (!or_memo_put(m, org, key, rc == OR_RW_DONE ? out : NULL))
 		return NULL;
@@ -2074,7 +1975,6 @@ static void or_fini(lk_plugin *self)
 	if (g->release)
 		api->timer_cancel(g->release);
 	or_cache_free(g->cache);
-	tpls_free(g);
 	free(g->words);
 	or_shapes_free();
 	free(fill_buf);
