@@ -312,6 +312,23 @@ void or_shapes_free(void)
 #define SK_MARK 1u
 #define SK_LIT 2u
 
+static uint64_t run_hash(uint64_t h, const unsigned char *p, size_t n)
+{
+	const uint64_t k = 0x9e3779b97f4a7c15ull;
+	uint64_t w;
+
+	for (; n >= 8; p += 8, n -= 8) {
+		memcpy(&w, p, 8);
+		h = (h ^ w) * k;
+		h ^= h >> 29;
+	}
+	w = (uint64_t)n << 56;
+	for (size_t i = 0; i < n; i++)
+		w |= (uint64_t)p[i] << (8 * i);
+	h = (h ^ w) * k;
+	return h ^ (h >> 29);
+}
+
 static uint64_t skeleton(const char *str, unsigned *flags, size_t *len)
 {
 	static unsigned char special[256];	/* the bytes that are not simply hashed: NUL, 1, 2, ' and digits */
@@ -326,13 +343,13 @@ static uint64_t skeleton(const char *str, unsigned *flags, size_t *len)
 			special[c] = 1;
 	}
 	for (;;) {
-		unsigned char c = *s;
-		if (!special[c]) {
-			h = (h ^ c) * prime;
+		const unsigned char *run = s;
+		unsigned char c;
+		while (!special[*s])
 			s++;
-			continue;
-		}
-		if (!c)
+		if (s > run)		/* a run of plain bytes: hashed 8 at a time */
+			h = run_hash(h, run, (size_t)(s - run));
+		if (!(c = *s))
 			break;
 		if (c <= TPL_END) {
 			fl |= SK_MARK;
