@@ -17,7 +17,6 @@
  * were) becomes a template: its $k are found with the scanner again and
  * marked, and or_template_fill() puts the message's own literal texts back.
  */
-#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,45 +138,37 @@ static struct scan_tok *scan_tokens(const char *sql, size_t *n)
 	return v;
 }
 
+#define IS_DIGIT(c) ((unsigned)((unsigned char)(c) - '0') < 10u)
+
 void or_norm_free(struct or_norm *n)
 {
-	for (int i = 0; i < n->n; i++) {
-		free(n->vals[i]);
-		free(n->toks[i]);
-	}
-	free(n->vals);
-	free(n->toks);
-	free(n->text);
+	free(n->mem);
 	memset(n, 0, sizeof(*n));
 }
 
-/* The value of a plain '...' string token (quotes undoubled); NULL if it is not one. */
-static char *string_value(const char *t, size_t len)
+/*
+ * One allocation for a normalized text: room for `cap` literals taken from
+ * a text of `len` bytes (their texts and values, NUL-terminated: a value is
+ * never longer than its text) and a normalized text of `textcap` bytes.
+ */
+static bool norm_alloc(struct or_norm *n, int cap, size_t len, size_t textcap)
 {
-	char *v;
-	size_t o = 0;
+	size_t ptrs = 2 * (size_t)cap * sizeof(char *), lens = (size_t)cap * sizeof(uint32_t);
+	size_t room = 2 * (len + (size_t)cap);
+	char *m;
 
-	if (len < 2 || t[0] != '\'' || t[len - 1] != '\'')
-		return NULL;
-	v = malloc(len);
-	if (!v)
-		return NULL;
-	for (size_t i = 1; i + 1 < len; i++) {
-		if (t[i] == '\\') {
-			free(v);
-			return NULL;
-		}
-		if (t[i] == '\'') {
-			if (i + 2 >= len || t[i + 1] != '\'') {	/* 'a' 'b' continuation */
-				free(v);
-				return NULL;
-			}
-			i++;
-		}
-		v[o++] = t[i];
-	}
-	v[o] = 0;
-	return v;
+	memset(n, 0, sizeof(*n));
+	if (!(m = malloc(ptrs + lens + textcap + room)))
+		return false;
+	n->mem = m;
+	n->vals = (char **)(void *)m;
+	n->toks = n->vals + cap;
+	n->lens = (uint32_t *)(void *)(m + ptrs);
+	n->text = m + ptrs + lens;
+	n->arena = n->text + textcap;
+	n->room = room;
+	n->cap = cap;
+	return true;
 }
 
 /* An integer token's value as the parser prints it (const_text: "%d"). */
@@ -199,41 +190,69 @@ size_t or_format_int(long long x, char *out)
 	return o;
 }
 
-static char *integer_value(const char *t, size_t len)
+/* The number of digits of k > 0 (the length of "$k" less one). */
+static size_t ndigits(unsigned k)
 {
-	char buf[32], *end, *v;
-	long long x;
+	size_t d = 1;
 
-	if (len == 0 || len >= sizeof(buf))
-		return NULL;
-	memcpy(buf, t, len);
-	buf[len] = 0;
-	x = strtoll(buf, &end, 10);
-	if (*end || x > 2147483647LL)
-		return NULL;	/* hex/octal/binary or underscores (PostgreSQL 16), or an int8 */
-	v = malloc(24);
-	if (v)
-		or_format_int(x, v);
-	return v;
+	while (k >= 10) {
+		k /= 10;
+		d++;
+	}
+	return d;
 }
 
-static bool push_lit(struct or_norm *n, char *val, const char *tok, size_t len)
+/*
+ * The literal `tok` (len bytes) as the next placeholder, its text and its
+ * value written into the arena: an integer ('i': digits only, below 2^31,
+ * printed as the parser prints it) or a plain '...' string ('s': quotes
+ * undoubled). false: not one that is replaced (hex/octal/binary or
+ * underscores (PostgreSQL 16), an int8, a backslash, a 'a' 'b'
+ * continuation), or no room (never with norm_alloc's sizes).
+ */
+static bool push_lit(struct or_norm *n, char kind, const char *tok, size_t len)
 {
-	if (n->n == n->cap) {	/* room for 4, 8, 16, ... literals */
-		int cap = n->cap ? 2 * n->cap : 4;
-		char **v = realloc(n->vals, sizeof(*v) * (size_t)cap), **t;
-		if (!v)
-			return false;
-		n->vals = v;
-		t = realloc(n->toks, sizeof(*t) * (size_t)cap);
-		if (!t)
-			return false;
-		n->toks = t;
-		n->cap = cap;
-	}
-	if (!(n->toks[n->n] = strndup(tok, len)))
+	char *t = n->arena + n->used, *v = t + len + 1;
+	size_t o = 0;
+
+	if (n->n >= n->cap || n->used + 2 * (len + 1) > n->room)
 		return false;
-	n->vals[n->n++] = val;
+	if (kind == 'i') {
+		uint64_t x = 0;
+		if (len == 0 || len >= 32)
+			return false;
+		for (size_t i = 0; i < len; i++) {
+			if (!IS_DIGIT(tok[i]))
+				return false;
+			x = x * 10 + (uint64_t)(tok[i] - '0');
+			if (x > 2147483647u)
+				return false;
+		}
+		o = or_format_int((long long)x, v);
+	} else {
+		if (len < 2 || tok[0] != '\'' || tok[len - 1] != '\'')
+			return false;
+		for (size_t i = 1; i + 1 < len; i++) {
+			if (tok[i] == '\\')
+				return false;
+			if (tok[i] == '\'') {
+				if (i + 2 >= len || tok[i + 1] != '\'')	/* 'a' 'b' continuation */
+					return false;
+				i++;
+			}
+			v[o++] = tok[i];
+		}
+		v[o] = 0;
+	}
+	if (kind == 's' && memchr(tok, '"', len))
+		n->lit_dq = true;
+	memcpy(t, tok, len);
+	t[len] = 0;
+	n->toks[n->n] = t;
+	n->vals[n->n] = v;
+	n->lens[n->n] = (uint32_t)len;
+	n->n++;
+	n->used += len + 1 + o + 1;
 	return true;
 }
 
@@ -262,9 +281,14 @@ static bool push_lit(struct or_norm *n, char *val, const char *tok, size_t len)
 struct shape {
 	uint64_t key;			/* skeleton() of the texts */
 	char *norm;			/* the normalized text; NULL: free */
+	size_t norm_len;
 	int n;
 	uint32_t *off;			/* where "$k" (k = i + 1) starts in norm */
 	char *kind;			/* 'i': an integer, 's': a string */
+	bool mm_ok;			/* the prefilter's answer decomposes (below) */
+	bool mm_set;			/* mm is known for (mm_sp, mm_cat) */
+	unsigned mm;
+	uint64_t mm_sp, mm_cat;
 };
 
 static struct shape *shapes;
@@ -280,52 +304,106 @@ void or_shapes_free(void)
 	shapes = NULL;
 }
 
-static uint64_t skeleton(const char *s)
-{
-	uint64_t h = 1469598103934665603ull;
-	bool q = false;
+/*
+ * The hash of the text with digit runs and string contents left out, in
+ * the same pass its length (*len) and *flags: SK_MARK a template byte (1
+ * or 2), SK_LIT a quote or a digit (something to normalize, perhaps).
+ */
+#define SK_MARK 1u
+#define SK_LIT 2u
 
-	for (; *s; s++) {
-		unsigned char c = (unsigned char)*s;
-		if (c == '\'' && q && s[1] == '\'') {
-			s++;		/* a doubled quote: string content */
-			continue;
-		}
-		if (c == '\'')
-			q = !q;
-		else if (q)
-			continue;
-		else if (isdigit(c)) {
-			while (isdigit((unsigned char)s[1]))
-				s++;
-			c = '#';
-		}
-		h = (h ^ c) * 1099511628211ull;
+static uint64_t run_hash(uint64_t h, const unsigned char *p, size_t n)
+{
+	const uint64_t k = 0x9e3779b97f4a7c15ull;
+	uint64_t w;
+
+	for (; n >= 8; p += 8, n -= 8) {
+		memcpy(&w, p, 8);
+		h = (h ^ w) * k;
+		h ^= h >> 29;
 	}
+	w = (uint64_t)n << 56;
+	for (size_t i = 0; i < n; i++)
+		w |= (uint64_t)p[i] << (8 * i);
+	h = (h ^ w) * k;
+	return h ^ (h >> 29);
+}
+
+static uint64_t skeleton(const char *str, unsigned *flags, size_t *len)
+{
+	static unsigned char special[256];	/* the bytes that are not simply hashed: NUL, 1, 2, ' and digits */
+	const unsigned char *s = (const unsigned char *)str;
+	const uint64_t prime = 1099511628211ull;
+	uint64_t h = 1469598103934665603ull;
+	unsigned fl = 0;
+
+	if (!special['0']) {
+		special[0] = special[TPL_MARK] = special[TPL_END] = special['\''] = 1;
+		for (int c = '0'; c <= '9'; c++)
+			special[c] = 1;
+	}
+	for (;;) {
+		const unsigned char *run = s;
+		unsigned char c;
+		while (!special[*s])
+			s++;
+		if (s > run)		/* a run of plain bytes: hashed 8 at a time */
+			h = run_hash(h, run, (size_t)(s - run));
+		if (!(c = *s))
+			break;
+		if (c <= TPL_END) {
+			fl |= SK_MARK;
+			h = (h ^ c) * prime;
+			s++;
+			continue;
+		}
+		fl |= SK_LIT;
+		if (c != '\'') {	/* a digit run */
+			while (IS_DIGIT(*s))
+				s++;
+			h = (h ^ '#') * prime;
+			continue;
+		}
+		h = (h ^ '\'') * prime;		/* a string: its contents left out */
+		for (s++; *s; s++) {
+			if (*s <= TPL_END)
+				fl |= SK_MARK;
+			if (*s == '\'') {
+				if (s[1] != '\'')
+					break;
+				s++;	/* a doubled quote: string content */
+			}
+		}
+		if (!*s)
+			break;
+		h = (h ^ '\'') * prime;
+		s++;
+	}
+	*flags = fl;
+	*len = (size_t)(s - (const unsigned char *)str);
 	return h;
 }
 
-/* A text of shape sh: *out as or_normalize() would make it. */
-static bool shape_match(const struct shape *sh, const char *sql, struct or_norm *out)
+/* A text of shape sh (len bytes): *out as or_normalize() would make it. */
+static bool shape_match(const struct shape *sh, const char *sql, size_t len, struct or_norm *out)
 {
-	const char *p = sql;
+	const char *p = sql, *end = sql + len;
 	size_t prev = 0;
-	char digits[24];
 
+	if (!norm_alloc(out, sh->n, len, sh->norm_len + 1))
+		return false;
 	for (int i = 0; i < sh->n; i++) {
 		size_t seg = sh->off[i] - prev;
 		const char *s;
-		char *val;
-		if (strncmp(p, sh->norm + prev, seg) != 0)
+		if (seg > (size_t)(end - p) || memcmp(p, sh->norm + prev, seg) != 0)
 			return false;
 		p += seg;
 		s = p;
 		if (sh->kind[i] == 'i') {
-			while (isdigit((unsigned char)*p))
+			while (IS_DIGIT(*p))
 				p++;
 			if (p == s)
 				return false;
-			val = integer_value(s, (size_t)(p - s));
 		} else {
 			if (*p++ != '\'')
 				return false;
@@ -338,24 +416,66 @@ static bool shape_match(const struct shape *sh, const char *sql, struct or_norm 
 					break;
 				p++;	/* '' */
 			}
-			val = string_value(s, (size_t)(p - s));
 		}
-		if (!val)
+		if (!push_lit(out, sh->kind[i], s, (size_t)(p - s)))
 			return false;
-		if (!push_lit(out, val, s, (size_t)(p - s))) {
-			free(val);
-			return false;
-		}
 		/* past "$k" (not up to the next non-digit: a literal left as written may follow) */
-		prev = sh->off[i] + 1 + or_format_int(i + 1, digits);
+		prev = sh->off[i] + 1 + ndigits((unsigned)i + 1);
 	}
-	if (strcmp(p, sh->norm + prev) != 0 || !(out->text = strdup(sh->norm)))
+	if ((size_t)(end - p) != sh->norm_len - prev || memcmp(p, sh->norm + prev, sh->norm_len - prev) != 0)
 		return false;
+	memcpy(out->text, sh->norm, sh->norm_len + 1);
+	out->shape = (unsigned)(sh - shapes) + 1;
+	out->shape_key = sh->key;
+	return true;
+}
+
+/*
+ * The prefilter and shapes. The prefilter (org_routing.c, may_matter) reads
+ * the words of a text, inside literals too (set_config('lokadb.org', ...)),
+ * and remembers the previous word across blanks and dots; a double quote
+ * starts a quoted word that runs to the next one. For texts of one shape
+ * its answer is the answer for the normalized text or-ed with the answers
+ * for each string literal as written, when:
+ *   - no placeholder follows a byte that continues a word (N'x' is N$1:
+ *     the word "n$1" is not the word "n"), and none lies between two double
+ *     quotes of the normalized text (a quoted word would swallow it);
+ *   - no string literal holds a double quote (checked per text).
+ * Then a literal is read the same way in the text as on its own: its first
+ * byte (a quote or a digit) ends the previous word, its last byte ends its
+ * own words, and "$k" in the normalized text ends a word the same way ($ and
+ * digits do not start one). Integer literals hold no word.
+ */
+static bool word_byte(unsigned char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '$' ||
+	       c >= 0x80;
+}
+
+static bool mm_decomposes(const struct shape *sh)
+{
+	const char *q = sh->norm;
+	int i = 0;
+
+	for (int k = 0; k < sh->n; k++)
+		if (sh->off[k] > 0 && word_byte((unsigned char)sh->norm[sh->off[k] - 1]))
+			return false;
+	while ((q = strchr(q, '"')) != NULL) {
+		const char *e = strchr(q + 1, '"');
+		size_t a = (size_t)(q - sh->norm), b = e ? (size_t)(e - sh->norm) : sh->norm_len;
+		while (i < sh->n && sh->off[i] < a)
+			i++;
+		if (i < sh->n && sh->off[i] < b)
+			return false;
+		if (!e)
+			break;
+		q = e + 1;
+	}
 	return true;
 }
 
 /* Remember the shape of a text the scanner normalized. */
-static void shape_put(uint64_t key, const struct or_norm *n, const uint32_t *off, const char *kind)
+static void shape_put(uint64_t key, struct or_norm *n, size_t norm_len, const uint32_t *off, const char *kind)
 {
 	struct shape *sh;
 
@@ -368,7 +488,7 @@ static void shape_put(uint64_t key, const struct or_norm *n, const uint32_t *off
 	memset(sh, 0, sizeof(*sh));
 	sh->off = malloc(sizeof(*off) * (size_t)n->n);
 	sh->kind = malloc((size_t)n->n);
-	sh->norm = strdup(n->text);
+	sh->norm = malloc(norm_len + 1);
 	if (!sh->off || !sh->kind || !sh->norm) {
 		free(sh->norm);
 		free(sh->off);
@@ -376,107 +496,141 @@ static void shape_put(uint64_t key, const struct or_norm *n, const uint32_t *off
 		memset(sh, 0, sizeof(*sh));
 		return;
 	}
+	memcpy(sh->norm, n->text, norm_len + 1);
 	memcpy(sh->off, off, sizeof(*off) * (size_t)n->n);
 	memcpy(sh->kind, kind, (size_t)n->n);
+	sh->norm_len = norm_len;
 	sh->n = n->n;
 	sh->key = key;
+	sh->mm_ok = mm_decomposes(sh);
+	n->shape = (unsigned)(sh - shapes) + 1;
+	n->shape_key = key;
+}
+
+bool or_normalize_known(const char *sql, struct or_norm *out)
+{
+	uint64_t key;
+	size_t len;
+	unsigned fl;
+
+	memset(out, 0, sizeof(*out));
+	if (!shapes)
+		return false;
+	key = skeleton(sql, &fl, &len);
+	if ((fl & SK_MARK) || !(fl & SK_LIT) || !shapes[key % SHAPES].norm || shapes[key % SHAPES].key != key)
+		return false;
+	if (shape_match(&shapes[key % SHAPES], sql, len, out))
+		return true;
+	or_norm_free(out);
+	return false;
+}
+
+static struct shape *shape_of(const struct or_norm *n)
+{
+	struct shape *sh = n->shape && shapes ? &shapes[n->shape - 1] : NULL;
+
+	return sh && sh->norm && sh->key == n->shape_key ? sh : NULL;
+}
+
+bool or_shape_mm_usable(const struct or_norm *n)
+{
+	const struct shape *sh = shape_of(n);
+
+	return sh && sh->mm_ok && !n->lit_dq;
+}
+
+bool or_shape_mm_get(const struct or_norm *n, uint64_t sp_key, uint64_t cat, unsigned *mm)
+{
+	const struct shape *sh = shape_of(n);
+
+	if (!sh || !sh->mm_set || sh->mm_sp != sp_key || sh->mm_cat != cat)
+		return false;
+	*mm = sh->mm;
+	return true;
+}
+
+void or_shape_mm_put(const struct or_norm *n, uint64_t sp_key, uint64_t cat, unsigned mm)
+{
+	struct shape *sh = shape_of(n);
+
+	if (!sh)
+		return;
+	sh->mm_set = true;
+	sh->mm = mm;
+	sh->mm_sp = sp_key;
+	sh->mm_cat = cat;
 }
 
 bool or_normalize(const char *sql, struct or_norm *out)
 {
 	uint64_t key;
 	uint32_t *off = NULL;
-	char *kind = NULL;
-
+	char *kind;
 	struct scan_tok *tokens;
-	size_t len = strlen(sql), cap, o = 0, from = 0, ntokens;
+	size_t len, o = 0, from = 0, ntokens;
+	unsigned fl;
 	bool ok = true;
 
 	memset(out, 0, sizeof(*out));
-	if (strchr(sql, TPL_MARK) || strchr(sql, TPL_END) || (!strchr(sql, '\'') && !strpbrk(sql, "0123456789")))
+	key = skeleton(sql, &fl, &len);
+	if ((fl & SK_MARK) || !(fl & SK_LIT))
 		return false;
-	key = skeleton(sql);
 	if (shapes && shapes[key % SHAPES].norm && shapes[key % SHAPES].key == key) {
-		if (shape_match(&shapes[key % SHAPES], sql, out))
+		if (shape_match(&shapes[key % SHAPES], sql, len, out))
 			return true;
 		or_norm_free(out);
 	}
 	if (!(tokens = scan_tokens(sql, &ntokens)))
 		return false;
-	cap = len + 16;
-	out->text = malloc(cap);
-	if (!out->text)
-		ok = false;
+	/* each literal (1 byte at least) becomes "$k", k <= ntokens: at most 11 bytes */
+	if (!norm_alloc(out, (int)ntokens, len, len + 11 * ntokens + 1) ||
+	    !(off = malloc((sizeof(*off) + 1) * (ntokens ? ntokens : 1)))) {
+		free(tokens);
+		or_norm_free(out);
+		return false;
+	}
+	kind = (char *)(off + ntokens);
 	for (size_t i = 0; ok && i < ntokens; i++) {
 		const struct scan_tok *t = &tokens[i];
 		size_t s = (size_t)t->start, e = (size_t)t->end;
-		char *val = NULL, ph[16];
 		int64_t tok = t->token;
+		char k;
 
 		if (tok == PG_QUERY__TOKEN__PARAM) {
 			ok = false;	/* parameters of its own: the placeholders would mix */
 			break;
 		}
-		if (t->start < 0 || t->end < 0 || e > len || s > e || s < from)
+		if (t->start < 0 || t->end < 0 || e > len || s > e || s < from) {
 			ok = false;
-		else if (tok == PG_QUERY__TOKEN__ICONST &&
-			 !(i > 0 && (tokens[i - 1].token == PG_QUERY__TOKEN__ASCII_45 ||
-				     tokens[i - 1].token == PG_QUERY__TOKEN__ASCII_43)))
-			val = integer_value(sql + s, e - s);
-		else if (tok == PG_QUERY__TOKEN__SCONST)
-			val = string_value(sql + s, e - s);
-		if (!ok || !val)
 			continue;
-		if (!push_lit(out, val, sql + s, e - s)) {
-			free(val);
-			ok = false;
-			break;
 		}
-		if (!(out->n & (out->n - 1))) {		/* 1, 2, 4, ...: room for twice as many */
-			uint32_t *no = realloc(off, sizeof(*off) * 2 * (size_t)out->n);
-			char *nk = realloc(kind, 2 * (size_t)out->n);
-			if (no)
-				off = no;
-			if (nk)
-				kind = nk;
-			if (!no || !nk) {
-				ok = false;
-				break;
-			}
-		}
+		if (tok == PG_QUERY__TOKEN__ICONST &&
+		    !(i > 0 && (tokens[i - 1].token == PG_QUERY__TOKEN__ASCII_45 ||
+				tokens[i - 1].token == PG_QUERY__TOKEN__ASCII_43)))
+			k = 'i';
+		else if (tok == PG_QUERY__TOKEN__SCONST)
+			k = 's';
+		else
+			continue;
+		if (!push_lit(out, k, sql + s, e - s))
+			continue;
 		off[out->n - 1] = (uint32_t)(o + (s - from));
-		kind[out->n - 1] = tok == PG_QUERY__TOKEN__ICONST ? 'i' : 's';
-		snprintf(ph, sizeof(ph), "$%d", out->n);
-		if (o + (s - from) + strlen(ph) + 1 > cap) {
-			char *nt;
-			cap = (o + (s - from) + strlen(ph) + 1) * 2;
-			if (!(nt = realloc(out->text, cap))) {
-				ok = false;
-				break;
-			}
-			out->text = nt;
-		}
+		kind[out->n - 1] = k;
 		memcpy(out->text + o, sql + from, s - from);
 		o += s - from;
-		memcpy(out->text + o, ph, strlen(ph));
-		o += strlen(ph);
+		out->text[o++] = '$';
+		o += or_format_int(out->n, out->text + o);
 		from = e;
 	}
 	free(tokens);
 	if (ok && out->n > 0) {
-		char *nt = realloc(out->text, o + (len - from) + 1);
-		if (nt) {
-			out->text = nt;
-			memcpy(out->text + o, sql + from, len - from);
-			out->text[o + (len - from)] = 0;
-			shape_put(key, out, off, kind);
-			free(off);
-			free(kind);
-			return true;
-		}
+		memcpy(out->text + o, sql + from, len - from);
+		out->text[o + (len - from)] = 0;
+		shape_put(key, out, o + (len - from), off, kind);
+		free(off);
+		return true;
 	}
 	free(off);
-	free(kind);
 	or_norm_free(out);
 	return false;
 }
@@ -584,45 +738,83 @@ static bool leaf_marker(const char *p, char *schema, char *table, const char **e
 	return true;
 }
 
-char *or_template_fill(const char *tpl, const struct or_norm *n, or_leaf_fn leaf, void *arg, bool *no_leaf)
+/* Room for `need` bytes in *buf. */
+static bool fill_room(char **buf, size_t *cap, size_t need)
 {
-	size_t cap = strlen(tpl) + 1, o = 0;
-	char *out, schema[NAMEDATALEN_OR], table[NAMEDATALEN_OR];
+	size_t c = *cap ? *cap : 256;
+	char *nb;
+
+	if (need <= *cap)
+		return true;
+	while (c < need)
+		c *= 2;
+	if (!(nb = realloc(*buf, c)))
+		return false;
+	*buf = nb;
+	*cap = c;
+	return true;
+}
+
+bool or_template_fill_buf(const char *tpl, const struct or_norm *n, or_leaf_fn leaf, void *arg, bool *no_leaf,
+			  char **buf, size_t *cap)
+{
+	char schema[NAMEDATALEN_OR], table[NAMEDATALEN_OR];
+	static const char stops[] = { TPL_MARK, '"', 0 };
+	size_t o = 0;
 
 	*no_leaf = false;
-	for (int i = 0; n && i < n->n; i++)
-		cap += strlen(n->toks[i]);
-	for (const char *p = strchr(tpl, OR_LEAF_MARK); p; p = strchr(p + 1, OR_LEAF_MARK))
-		cap += 2 * NAMEDATALEN_OR + 2;	/* a quoted leaf name with its quotes doubled */
-	if (!(out = malloc(cap)))
-		return NULL;
-	for (const char *p = tpl; *p;) {
+	for (const char *p = tpl;;) {
+		size_t l = strcspn(p, stops);
 		const char *end;
+		if (!fill_room(buf, cap, o + l + 1))
+			return false;
+		memcpy(*buf + o, p, l);
+		o += l;
+		p += l;
+		if (!*p)
+			break;
 		if (*p == TPL_MARK) {
-			long k = strtol(p + 1, (char **)&end, 10);
-			if (!n || *end != TPL_END || k < 1 || k > n->n)
-				goto fail;
-			size_t l = strlen(n->toks[k - 1]);
-			memcpy(out + o, n->toks[k - 1], l);
-			o += l;
+			unsigned k = 0;
+			for (end = p + 1; IS_DIGIT(*end) && k < 100000000u; end++)
+				k = k * 10 + (unsigned)(*end - '0');
+			if (!n || end == p + 1 || *end != TPL_END || k < 1 || k > (unsigned)n->n)
+				return false;
+			if (!fill_room(buf, cap, o + n->lens[k - 1] + 1))
+				return false;
+			memcpy(*buf + o, n->toks[k - 1], n->lens[k - 1]);
+			o += n->lens[k - 1];
 			p = end + 1;
-		} else if (*p == '"' && p[1] == OR_LEAF_MARK) {
+		} else if (p[1] == OR_LEAF_MARK) {
 			const char *name;
 			if (!leaf || !leaf_marker(p, schema, table, &end))
-				goto fail;
+				return false;
 			if (!(name = leaf(arg, schema, table)) || strlen(name) >= NAMEDATALEN_OR) {
 				*no_leaf = true;
-				goto fail;
+				return false;
 			}
-			o += put_ident(out + o, name);
+			/* a quoted leaf name with its quotes doubled */
+			if (!fill_room(buf, cap, o + 2 * NAMEDATALEN_OR + 3))
+				return false;
+			o += put_ident(*buf + o, name);
 			p = end;
 		} else {
-			out[o++] = *p++;
+			if (!fill_room(buf, cap, o + 2))
+				return false;
+			(*buf)[o++] = *p++;
 		}
 	}
-	out[o] = 0;
-	return out;
-fail:
-	free(out);
-	return NULL;
+	(*buf)[o] = 0;
+	return true;
+}
+
+char *or_template_fill(const char *tpl, const struct or_norm *n, or_leaf_fn leaf, void *arg, bool *no_leaf)
+{
+	char *buf = NULL;
+	size_t cap = 0;
+
+	if (!or_template_fill_buf(tpl, n, leaf, arg, no_leaf, &buf, &cap)) {
+		free(buf);
+		return NULL;
+	}
+	return buf;
 }

@@ -105,16 +105,6 @@ static const char *const counter_names[N_COUNT] = {
 struct orc;
 struct plog;
 
-/* A leaf-rewrite template of a normalized text (see tpl_get). */
-struct tpl_slot {
-	uint64_t h, sp_key, key;
-	uint64_t used;			/* tpl_clock when last used: the older of a set is replaced */
-	char *norm;			/* NULL: free */
-	char org[OR_ORG_MAX + 1];
-	char *tpl;			/* NULL: not rewritable */
-};
-
-
 /* A word the prefilter looked up along a search path (see word_is_table). */
 #define WORD_MEMO 1024
 struct word_memo {
@@ -139,9 +129,6 @@ struct orr {
 	bool subscribed;		/* on_change of meta_cache registered */
 	uint64_t gen;			/* catalog changes seen by on_change */
 	struct word_memo *words;	/* the prefilter's table_search answers (WORD_MEMO slots) */
-	struct tpl_slot *tpls;		/* leaf-rewrite templates of normalized texts (sets of 2) */
-	size_t ntpls;
-	uint64_t tpl_clock;
 	struct orc *paused;		/* clients holding a statement of a paused organization */
 	lk_timer *release;		/* a pass over `paused` is due (after a catalog change) */
 	uint64_t n[N_COUNT];
@@ -224,7 +211,6 @@ struct decision {
 };
 
 static void subscribe(struct orr *g);
-static void tpls_free(struct orr *g);
 
 /* The literals of the message being decided when its analysis is the one of
  * its normalized text (normalize.c): $k of that analysis is literal k, not
@@ -355,9 +341,6 @@ static int or_config_apply(lk_plugin *self, lk_event *ev)
 			or_cache_free(g->cache);
 			g->cache = c;
 			g->cache_size = n;
-			tpls_free(g);
-			if ((g->tpls = calloc(n, sizeof(*g->tpls))) != NULL)
-				g->ntpls = n;
 		} else {
 			api->log(self, LK_LOG_ERROR, "out of memory for a parse cache of %zu statements", n);
 		}
@@ -909,86 +892,6 @@ static bool any_leaf(struct orr *g, const struct or_analysis *a, const char *org
 	return false;
 }
 
-/*
- * Rewrite templates of normalized texts, one per (text, search path) for a
- * leaf template (it serves every organization: ORG_ANY), one per (text,
- * search path, organization) for a COPY, in sets of 2 slots (a third one
- * replaces the one of the set used least recently: with one slot per hash,
- * two texts whose keys collide would each replace the other's template, a
- * parse and a deparse per statement, some 1.5 million instructions each).
- * A template per organization made the templates of 10,000 organizations
- * overflow the slots: a parse and a deparse for nearly every statement.
- */
-static void tpls_free(struct orr *g)
-{
-	for (size_t i = 0; i < g->ntpls; i++) {
-		free(g->tpls[i].norm);
-		free(g->tpls[i].tpl);
-	}
-	free(g->tpls);
-	g->tpls = NULL;
-	g->ntpls = 0;
-}
-
-#define TPL_WAYS 2
-
-/* The set of (norm, sp_key, org): TPL_WAYS slots. */
-static struct tpl_slot *tpl_set(struct orr *g, const char *norm, uint64_t sp_key, const char *org, uint64_t *h)
-{
-	if (g->ntpls < TPL_WAYS)
-		return NULL;
-	*h = or_hash(org, strlen(org), or_hash(norm, strlen(norm), sp_key));
-	return &g->tpls[(*h % (g->ntpls / TPL_WAYS)) * TPL_WAYS];
-}
-
-/* true and *tpl (NULL: not rewritable) when known. */
-static bool tpl_get(struct orr *g, const char *norm, uint64_t sp_key, uint64_t key, const char *org, const char **tpl)
-{
-	uint64_t h;
-	struct tpl_slot *set = tpl_set(g, norm, sp_key, org, &h);
-
-	for (int i = 0; set && i < TPL_WAYS; i++) {
-		struct tpl_slot *t = &set[i];
-		if (!t->norm || t->h != h || t->sp_key != sp_key || t->key != key || strcmp(t->org, org) != 0 ||
-		    strcmp(t->norm, norm) != 0)
-			continue;
-		t->used = ++g->tpl_clock;
-		*tpl = t->tpl;
-		return true;
-	}
-	return false;
-}
-
-/* Remember a template (taken over; may be NULL). */
-static void tpl_put(struct orr *g, const char *norm, uint64_t sp_key, uint64_t key, const char *org, char *tpl)
-{
-	uint64_t h;
-	struct tpl_slot *set = tpl_set(g, norm, sp_key, org, &h), *t;
-	char *n;
-
-	if (!set || strlen(org) > OR_ORG_MAX || !(n = strdup(norm))) {
-		free(tpl);
-		return;
-	}
-	t = &set[0];
-	for (int i = 1; i < TPL_WAYS && t->norm; i++)
-		if (!set[i].norm || set[i].used < t->used)
-			t = &set[i];
-	for (int i = 0; i < TPL_WAYS; i++)	/* the same one for another catalog: replaced */
-		if (set[i].norm && set[i].h == h && set[i].sp_key == sp_key && strcmp(set[i].org, org) == 0 &&
-		    strcmp(set[i].norm, norm) == 0)
-			t = &set[i];
-	free(t->norm);
-	free(t->tpl);
-	t->norm = n;
-	t->tpl = tpl;
-	t->h = h;
-	t->sp_key = sp_key;
-	t->key = key;
-	t->used = ++g->tpl_clock;
-	snprintf(t->org, sizeof(t->org), "%s", org);
-}
-
 /* The memo and template key of leaf templates: they serve every organization
  * (no organization id holds a control byte: see normalize()). */
 static const char ORG_ANY[] = { OR_LEAF_MARK, 0 };
@@ -1010,9 +913,11 @@ static const char *leaf_of(void *arg, const char *schema, const char *table)
  * normalized text put back, the leaves of d->org put in a leaf template's
  * markers (valid until the next call). NULL: not rewritable for d->org.
  */
+static char *fill_buf;		/* what filled() returns, reused */
+static size_t fill_cap;
+
 static const char *filled(const struct orr *g, const char *res, bool tmpl, const struct decision *d)
 {
-	static char *last;
 	struct leaf_arg l = { g->mc, d->org };
 	bool no_leaf;
 
@@ -1020,17 +925,19 @@ static const char *filled(const struct orr *g, const char *res, bool tmpl, const
 		return NULL;
 	if (!tmpl && !cur_norm)
 		return res;
-	free(last);
-	last = or_template_fill(res, cur_norm, tmpl ? leaf_of : NULL, &l, &no_leaf);
-	return last;
+	if (!or_template_fill_buf(res, cur_norm, tmpl ? leaf_of : NULL, &l, &no_leaf, &fill_buf, &fill_cap))
+		return NULL;
+	return fill_buf;
 }
 
 /*
  * `sql` (analyzed as a) rewritten for d->org: to the leaves when to_leaf,
  * COPY table TO as COPY (query) TO. A leaf rewrite is made once per
- * parse-cache entry (or normalized text) as a leaf template, whatever the
- * number of organizations, and filled in with the organization's leaves per
- * message; a COPY rewrite is memoized per organization. NULL: nothing to
+ * parse-cache entry as a leaf template, whatever the number of
+ * organizations, and filled in with the organization's leaves per message
+ * (the entry of a normalized text keeps it with its $k marked, filled in
+ * with the message's literals too); a COPY rewrite is memoized per
+ * organization. NULL: nothing to
  * rewrite (or it failed: d->rewrite).
  */
 static const char *rewritten(struct orr *g, lk_event *ev, const struct orc *x, const struct or_analysis *a,
@@ -1044,10 +951,11 @@ static const char *rewritten(struct orr *g, lk_event *ev, const struct orc *x, c
 	enum or_rw_result rc;
 	char *out;
 
+	/* a known template: filled in (NULL if the organization lacks a leaf) */
+	if (or_memo_get(m, org, key, &res))
+		return filled(g, res, tmpl, d);
 	if (tmpl && !any_leaf(g, a, d->org))
 		return NULL;	/* the organization has no partition of its own: nothing to address */
-	if (cur_norm ? tpl_get(g, sql, x->sp_key, key, org, &res) : or_memo_get(m, org, key, &res))
-		return filled(g, res, tmpl, d);
 	names.user = api->client_user(api->ev_client(ev));
 	g->n[N_REWRITES_MADE]++;
 	rc = or_rewrite(sql, a, &names, tmpl ? NULL : d->org, to_leaf, &out, &err);
@@ -1066,10 +974,6 @@ static const char *rewritten(struct orr *g, lk_event *ev, const struct orc *x, c
 		api->log(g->self, LK_LOG_WARNING, "C-%" PRIu64 " could not rewrite a statement for organization %s: %s",
 			 api->client_id(api->ev_client(ev)), d->org, err);
 		out = NULL;	/* remembered as "not rewritable" */
-	}
-	if (cur_norm) {
-		tpl_put(g, sql, x->sp_key, key, org, rc == OR_RW_DONE ? out : NULL);
-		return tpl_get(g, sql, x->sp_key, key, org, &res) ? filled(g, res, tmpl, d) : NULL;
 	}
 	if (!or_memo_put(m, org, key, rc == OR_RW_DONE ? out : NULL))
 		return NULL;
@@ -1458,7 +1362,21 @@ static int route_now(struct orr *g, lk_event *ev, lk_client *c, struct orc *x)
 			orig = orig_copy;	/* decide on the client's own text */
 		}
 	}
-	mm = may_matter(g, x, api->client_user(c), orig);
+	if (type == 'Q' && or_normalize_known(orig, &nm) && or_shape_mm_usable(&nm)) {
+		/* a text of a known shape: the prefilter's answer for its
+		 * normalized text is memoized, its string literals are read */
+		uint64_t ck = cat_key(g);
+		if (!or_shape_mm_get(&nm, x->sp_key, ck, &mm)) {
+			mm = may_matter(g, x, api->client_user(c), nm.text);
+			or_shape_mm_put(&nm, x->sp_key, ck, mm);
+		}
+		for (int i = 0; i < nm.n; i++)
+			if (nm.toks[i][0] == '\'')
+				mm |= may_matter(g, x, api->client_user(c), nm.toks[i]);
+	} else {
+		or_norm_free(&nm);
+		mm = may_matter(g, x, api->client_user(c), orig);
+	}
 	if (mm & MM_PLAN_MODE)
 		forget_var(ev, "plan_cache_mode");	/* a SET or set_config of it, perhaps */
 	if (!mm) {
@@ -1477,7 +1395,7 @@ static int route_now(struct orr *g, lk_event *ev, lk_client *c, struct orc *x)
 	names.user = api->client_user(c);
 	/* A simple Query naming tables only: its analysis is shared by every
 	 * text that differs from it only by literals (normalize.c). */
-	if (type == 'Q' && mm == MM_TABLE && or_normalize(orig, &nm)) {
+	if (type == 'Q' && mm == MM_TABLE && (nm.text || or_normalize(orig, &nm))) {
 		struct or_cache_stats st0, st;
 		or_cache_stats(g->cache, &st0);
 		a = or_cache_get(g->cache, nm.text, x->sp_key ^ OR_NORM_SALT, cat_key(g), &names);
@@ -1633,6 +1551,58 @@ static bool word_is_table(struct orr *g, const struct orc *x, const char *word, 
 	return m->table;
 }
 
+/* Byte classes of may_matter (C locale, as PostgreSQL's scanner): */
+#define CC_START 1u	/* starts a word: a letter, _ or a byte >= 0x80 */
+#define CC_WORD 2u	/* continues one: also digits and $ */
+#define CC_SPACE 4u	/* isspace() */
+
+static unsigned char cclass[256];
+
+static void cclass_init(void)
+{
+	for (int c = 0; c < 256; c++) {
+		unsigned k = 0;
+		if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c >= 0x80)
+			k |= CC_START | CC_WORD;
+		if ((c >= '0' && c <= '9') || c == '$')
+			k |= CC_WORD;
+		if (c == ' ' || (c >= '\t' && c <= '\r'))
+			k |= CC_SPACE;
+		cclass[c] = (unsigned char)k;
+	}
+}
+
+/* The words of statements on the session or the transaction, lower-case,
+ * in byte order: a word is compared only with those of its first byte. */
+static const char *const mm_keywords[] = {
+	"abort", "begin", "commit", "deallocate", "discard", "end", "execute", "lokadb", "plan_cache_mode",
+	"prepare", "reset", "rollback", "search_path", "set_config", "start", NULL
+};
+enum { PLAN_MODE_WORD = 8 };	/* mm_keywords[8] */
+
+/* MM_SESSION (| MM_PLAN_MODE) if the lower-case word (n bytes) is one of them. */
+static unsigned mm_keyword(const char *word, size_t n)
+{
+	static signed char first[26];	/* a..z: the first keyword with that byte, -1: none */
+	static unsigned char len[sizeof(mm_keywords) / sizeof(mm_keywords[0])];
+	unsigned char c = (unsigned char)word[0];
+
+	if (!len[0]) {
+		memset(first, -1, sizeof(first));
+		for (int k = 0; mm_keywords[k]; k++) {
+			len[k] = (unsigned char)strlen(mm_keywords[k]);
+			if (first[mm_keywords[k][0] - 'a'] < 0)
+				first[mm_keywords[k][0] - 'a'] = (signed char)k;
+		}
+	}
+	if (n < 3 || n > 15 || c < 'a' || c > 'z' || first[c - 'a'] < 0)
+		return 0;
+	for (int k = first[c - 'a']; mm_keywords[k] && mm_keywords[k][0] == word[0]; k++)
+		if (len[k] == n && memcmp(word, mm_keywords[k], n) == 0)
+			return MM_SESSION | (k == PLAN_MODE_WORD ? MM_PLAN_MODE : 0);
+	return 0;
+}
+
 /*
  * Prefilter: can this text matter to routing at all? It can when one of its
  * words (anywhere: identifiers, strings, comments) names a LokaDB table as
@@ -1641,68 +1611,67 @@ static bool word_is_table(struct orr *g, const struct orc *x, const char *word, 
  * transaction. Otherwise the message passes without being parsed or
  * cached, so statements with fresh literals (pgbench -M simple, ORMs that
  * inline values) neither cost a parse nor evict the cache. False positives
- * only cost the parse.
+ * only cost the parse. One pass over the text, a byte-class table (no
+ * ctype calls), a keyword compared only when its first byte and length match.
  */
 static unsigned may_matter(struct orr *g, const struct orc *x, const char *user, const char *sql)
 {
 	unsigned found = 0;
-	static const char *const keywords[] = {
-		"lokadb", "search_path", "set_config", "reset", "discard", "commit", "rollback", "abort", "end",
-		"prepare", "execute", "deallocate", "begin", "start", "plan_cache_mode", NULL
-	};
-	enum { PLAN_MODE_WORD = 14 };	/* keywords[14] */
-	static size_t kwlen[sizeof(keywords) / sizeof(keywords[0])];
 	const char *path = x->search_path ? x->search_path : OR_DEFAULT_PATH;
-	char prev[NAMEDATALEN_OR] = "", word[NAMEDATALEN_OR];
+	char bufs[2][NAMEDATALEN_OR], *prev = bufs[0], *word = bufs[1];
 	bool prev_dot = false;
-	const char *p = sql;
+	const unsigned char *p = (const unsigned char *)sql;
 
+	if (!cclass['a'])
+		cclass_init();
+	prev[0] = 0;
 	while (*p) {
-		const char *w;
-		size_t n;
+		size_t n = 0;
+		unsigned k = cclass[*p];
 		bool quoted = false;
+		char *t;
 		if (*p == '"') {
-			w = ++p;
+			const unsigned char *w = ++p;
 			while (*p && *p != '"')
 				p++;
 			n = (size_t)(p - w);
+			if (n < NAMEDATALEN_OR)
+				memcpy(word, w, n);
 			if (*p)
 				p++;
 			quoted = true;
-		} else if (isalpha((unsigned char)*p) || *p == '_' || (unsigned char)*p >= 0x80) {
-			w = p;
-			while (isalnum((unsigned char)*p) || *p == '_' || *p == '$' || (unsigned char)*p >= 0x80)
+		} else if (k & CC_START) {
+			/* the word, lower-cased as it is read (as much of it as fits) */
+			do {
+				if (n < NAMEDATALEN_OR)
+					word[n] = (char)(*p >= 'A' && *p <= 'Z' ? *p + ('a' - 'A') : *p);
+				n++;
 				p++;
-			n = (size_t)(p - w);
+			} while (cclass[*p] & CC_WORD);
 		} else {
-			if (*p != '.' && !isspace((unsigned char)*p)) {
+			if (*p == '.')
+				prev_dot = prev[0] != 0;
+			else if (!(k & CC_SPACE)) {
 				prev[0] = 0;
 				prev_dot = false;
-			} else if (*p == '.') {
-				prev_dot = prev[0] != 0;
 			}
 			p++;
 			continue;
 		}
-		if (n == 0 || n >= sizeof(word)) {
+		if (n == 0 || n >= NAMEDATALEN_OR) {
 			prev[0] = 0;
 			prev_dot = false;
 			continue;
 		}
-		for (size_t i = 0; i < n; i++)
-			word[i] = quoted ? w[i] : (char)tolower((unsigned char)w[i]);
 		word[n] = 0;
-		if (!quoted && !kwlen[0])
-			for (int k = 0; keywords[k]; k++)
-				kwlen[k] = strlen(keywords[k]);
 		if (!quoted)	/* (word is lower-case, as the keywords) */
-			for (int k = 0; keywords[k]; k++)
-				if (kwlen[k] == n && memcmp(word, keywords[k], n) == 0)
-					found |= MM_SESSION | (k == PLAN_MODE_WORD ? MM_PLAN_MODE : 0);
+			found |= mm_keyword(word, n);
 		if (!(found & MM_TABLE) &&
 		    ((prev_dot && g->mc->table(prev, word)) || word_is_table(g, x, word, n, path, user)))
 			found |= MM_TABLE;
-		memcpy(prev, word, n + 1);
+		t = prev;	/* this word is the previous one of the next */
+		prev = word;
+		word = t;
 		prev_dot = false;
 	}
 	return found;
@@ -2006,9 +1975,11 @@ static void or_fini(lk_plugin *self)
 	if (g->release)
 		api->timer_cancel(g->release);
 	or_cache_free(g->cache);
-	tpls_free(g);
 	free(g->words);
 	or_shapes_free();
+	free(fill_buf);
+	fill_buf = NULL;
+	fill_cap = 0;
 	free(g->databases);
 	free(g);
 }

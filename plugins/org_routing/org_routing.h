@@ -156,18 +156,38 @@ uint64_t or_hash(const char *s, size_t n, uint64_t seed);
 
 /* ---- normalize.c ---- */
 
-/* A text with its literals replaced by $1..$n (see normalize.c). */
+/* A text with its literals replaced by $1..$n (see normalize.c). Everything
+ * it points to lives in one allocation (`mem`), made once per text. */
 struct or_norm {
 	char *text;		/* the normalized text */
 	int n;			/* literals replaced */
 	char **vals;		/* their values as the analysis reads constants (integers printed, strings unquoted) */
 	char **toks;		/* their texts as written */
-	int cap;		/* room in vals and toks */
+	uint32_t *lens;		/* strlen(toks[i]) */
+	int cap;		/* room in vals, toks and lens */
+	char *arena;		/* where toks and vals are written */
+	size_t used, room;	/* of arena */
+	void *mem;
+	unsigned shape;		/* 1 + the slot of its shape; 0: none */
+	uint64_t shape_key;	/* that shape's key */
+	bool lit_dq;		/* a string literal holds a double quote */
 };
 
 /* false: not normalized (no literal to replace, or a form left as is); out is then empty. */
 bool or_normalize(const char *sql, struct or_norm *out);
 void or_norm_free(struct or_norm *n);
+/* or_normalize() only through a known shape (no scan); false: none matches. */
+bool or_normalize_known(const char *sql, struct or_norm *out);
+/*
+ * The prefilter's answer for the normalized text, memoized with its shape
+ * (see normalize.c, "The prefilter and shapes"). usable: the answer for a
+ * text of that shape is the answer for the normalized text or-ed with the
+ * answers for its string literals (as written). get: the memo for (sp_key,
+ * cat); put: remember it.
+ */
+bool or_shape_mm_usable(const struct or_norm *n);
+bool or_shape_mm_get(const struct or_norm *n, uint64_t sp_key, uint64_t cat, unsigned *mm);
+void or_shape_mm_put(const struct or_norm *n, uint64_t sp_key, uint64_t cat, unsigned mm);
 /* x in decimal into out (at least 21 bytes); its length. */
 size_t or_format_int(long long x, char *out);
 /* Forget the shapes of normalized texts (see normalize.c); at unload. */
@@ -191,6 +211,10 @@ typedef const char *(*or_leaf_fn)(void *arg, const char *schema, const char *tab
  * out of memory, or with *no_leaf set when a table has no leaf.
  */
 char *or_template_fill(const char *tpl, const struct or_norm *n, or_leaf_fn leaf, void *arg, bool *no_leaf);
+/* The same into *buf (of *cap bytes, grown with realloc as needed, kept for
+ * the next call): false on out of memory or as above. */
+bool or_template_fill_buf(const char *tpl, const struct or_norm *n, or_leaf_fn leaf, void *arg, bool *no_leaf,
+			  char **buf, size_t *cap);
 
 /* ---- rewrite.c ---- */
 

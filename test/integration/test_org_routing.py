@@ -1242,6 +1242,32 @@ def test_statements_with_session_effects_are_not_normalized(router):
     assert stats(b)["statements_normalized"] == st0["statements_normalized"] + 1
 
 
+def test_a_known_shape_with_session_words_in_its_literals_is_analyzed_as_written(router):
+    """A simple Query of a known shape is normalized before the prefilter,
+    whose answer is memoized with the shape: the words of the message's own
+    string literals still count, as when the whole text is read (a session
+    word in a literal: analyzed as written, not normalized)."""
+    b = router(settings={"pool_mode": "transaction", "default_pool_size": 1})
+    w = b.login("app", USER)
+    shape = "SELECT count(*) FROM documents WHERE organization_id = {o} AND title <> '{t}'"
+    (cnt,) = w.query("SELECT count(*) FROM documents WHERE organization_id = 1").rows[0]
+    st0 = stats(b)
+    assert w.query(shape.format(o=1, t="x")).rows[0][0] == cnt
+    w.query(shape.format(o=2, t="y"))
+    st1 = stats(b)
+    assert st1["statements_normalized"] == st0["statements_normalized"] + 2, (st0, st1)
+    assert st1["normalized_cache_hits"] == st0["normalized_cache_hits"] + 1, (st0, st1)
+    for o, t in ((3, "lokadb"), (4, "a RESET b"), (5, "it''s commit")):
+        w.query(shape.format(o=o, t=t))
+    st2 = stats(b)
+    assert st2["statements_normalized"] == st1["statements_normalized"], (st1, st2)
+    # and the shape still serves the texts without session words
+    assert w.query(shape.format(o=1, t="it''s")).rows[0][0] == cnt
+    st3 = stats(b)
+    assert st3["statements_normalized"] == st2["statements_normalized"] + 1, (st2, st3)
+    assert st3["normalized_cache_hits"] == st2["normalized_cache_hits"] + 1, (st2, st3)
+
+
 def test_odd_literal_texts_get_postgresql_answer_and_the_session_goes_on(router, app):
     """Texts the normalizer leaves as written, or that PostgreSQL refuses,
     through the same path: each gets PostgreSQL's own answer (rows or its

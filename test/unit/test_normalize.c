@@ -146,6 +146,7 @@ static bool same_both_ways(const char *sql, bool *normalized)
 		for (int i = 0; i < a.n && i < b.n; i++) {
 			CHECK_STR(a.vals[i], b.vals[i]);
 			CHECK_STR(a.toks[i], b.toks[i]);
+			CHECK(a.lens[i] == strlen(a.toks[i]) && b.lens[i] == strlen(b.toks[i]));
 		}
 	}
 end:
@@ -192,7 +193,10 @@ static bool shapes_give_what_the_scanner_gives(void)
 		struct or_norm n;
 		CHECK(or_normalize("SELECT 1 FROM t WHERE o = '9'", &n));
 		or_norm_free(&n);
-		CHECK(shapes && shapes[skeleton("SELECT 2 FROM t WHERE o = '10'") % SHAPES].norm);
+		unsigned fl;
+		size_t len;
+		CHECK(shapes && shapes[skeleton("SELECT 2 FROM t WHERE o = '10'", &fl, &len) % SHAPES].norm);
+		CHECK(fl == SK_LIT && len == strlen("SELECT 2 FROM t WHERE o = '10'"));
 		CHECK(same_both_ways("SELECT 2 FROM t WHERE o = '10'", &normalized) && normalized);
 	}
 end:
@@ -200,7 +204,122 @@ end:
 	return ok;
 }
 
+/*
+ * Literals of every kind, each text normalized by the scanner and then a
+ * second text of the same shape (through the shape, checked against the
+ * scanner): strings with quotes, E'' strings, dollar quotes, numbers,
+ * negative numbers, casts, comments.
+ */
+static bool every_kind_of_literal(void)
+{
+	static const struct {
+		const char *sql, *same_shape, *norm;	/* norm NULL: not normalized */
+		const char *vals[4], *toks[4];
+	} t[] = {
+		{ "SELECT * FROM t WHERE a = 'it''s' AND b = ''", "SELECT * FROM t WHERE a = 'x' AND b = '''q'''",
+		  "SELECT * FROM t WHERE a = $1 AND b = $2", { "it's", "" }, { "'it''s'", "''" } },
+		{ "SELECT E'a\\nb', 4", "SELECT E'a\\nb', 5", "SELECT E'a\\nb', $1", { "4" }, { "4" } },
+		{ "SELECT $$a'b$$, 'c'", "SELECT $$a'b$$, 'dd'", "SELECT $$a'b$$, $1", { "c" }, { "'c'" } },
+		{ "SELECT $q$x$q$ || 'y' FROM t WHERE o = 7", "SELECT $q$x$q$ || 'z' FROM t WHERE o = 8",
+		  "SELECT $q$x$q$ || $1 FROM t WHERE o = $2", { "y", "7" }, { "'y'", "7" } },
+		{ "SELECT 0012, 2147483647, 2147483648, 1.5, 1e3", "SELECT 9, 1, 2147483648, 1.5, 1e3",
+		  "SELECT $1, $2, 2147483648, 1.5, 1e3", { "12", "2147483647" }, { "0012", "2147483647" } },
+		{ "SELECT -5, - 6, +7, 8 - 9", "SELECT -5, - 6, +7, 4 - 9",
+		  "SELECT -5, - 6, +7, $1 - 9", { "8" }, { "8" } },
+		{ "SELECT '5'::int, 6::bigint, CAST('7' AS int)", "SELECT '1'::int, 2::bigint, CAST('3' AS int)",
+		  "SELECT $1::int, $2::bigint, CAST($3 AS int)", { "5", "6", "7" }, { "'5'", "6", "'7'" } },
+		{ "SELECT /* 'no' 1 */ 2 -- 3 'x'\n, 'y'", "SELECT /* 'no' 1 */ 4 -- 3 'x'\n, 'z'",
+		  "SELECT /* 'no' 1 */ $1 -- 3 'x'\n, $2", { "2", "y" }, { "2", "'y'" } },
+		{ "SELECT 'a\\b', U&'c', B'101', X'1f', E'e'", NULL, NULL, { NULL }, { NULL } },
+		{ "SELECT 1 FROM t WHERE o = $1", NULL, NULL, { NULL }, { NULL } },
+		{ "SELECT \"a1\", x2 FROM t3", NULL, NULL, { NULL }, { NULL } },
+	};
+	bool ok = true;
+
+	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+		struct or_norm n;
+		bool normalized;
+		or_shapes_free();
+		if (!t[i].norm) {
+			CHECK(!or_normalize(t[i].sql, &n));
+			CHECK(n.n == 0 && n.text == NULL && n.mem == NULL);
+			continue;
+		}
+		CHECK(or_normalize(t[i].sql, &n));
+		CHECK_STR(n.text, t[i].norm);
+		CHECK(n.n <= 4 && (n.n == 4 || t[i].vals[n.n] == NULL));
+		for (int k = 0; k < n.n; k++) {
+			CHECK(t[i].vals[k] && t[i].toks[k]);
+			CHECK_STR(n.vals[k], t[i].vals[k]);
+			CHECK_STR(n.toks[k], t[i].toks[k]);
+			CHECK(n.lens[k] == strlen(t[i].toks[k]));
+		}
+		or_norm_free(&n);
+		/* the second text, through the shape, gives what the scanner gives */
+		CHECK(same_both_ways(t[i].same_shape, &normalized) && normalized);
+	}
+end:
+	if (!ok)
+		fprintf(stderr, "  every_kind_of_literal failed\n");
+	or_shapes_free();
+	return ok;
+}
+
+/* The prefilter's memo of a shape: usable only where its answer decomposes. */
+static bool shape_prefilter_memo(void)
+{
+	static const struct {
+		const char *first, *second;
+		bool usable;
+	} t[] = {
+		{ "SELECT a FROM t WHERE o = 1 AND s = 'x'", "SELECT a FROM t WHERE o = 2 AND s = 'lokadb'", true },
+		{ "SELECT \"a\" FROM \"t\" WHERE o = 1", "SELECT \"a\" FROM \"t\" WHERE o = 22", true },
+		/* a literal inside a quoted word of the prefilter (a double quote in a comment) */
+		{ "SELECT a /* \" */, 'x' /* \" */ FROM t", "SELECT a /* \" */, 'y' /* \" */ FROM t", false },
+		/* a literal right after a word byte: N'x' is read as the word n */
+		{ "SELECT N'x' FROM t", "SELECT N'y' FROM t", false },
+		/* a string literal with a double quote */
+		{ "SELECT 'x' FROM t", "SELECT 'a\"b' FROM t", false },
+	};
+	bool ok = true;
+
+	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+		struct or_norm n;
+		unsigned mm = 0;
+		or_shapes_free();
+		CHECK(!or_normalize_known(t[i].first, &n));	/* no shape yet */
+		CHECK(or_normalize(t[i].first, &n));
+		CHECK(n.shape != 0);
+		or_shape_mm_put(&n, 1, 2, 5u);
+		or_norm_free(&n);
+		CHECK(or_normalize_known(t[i].second, &n));
+		CHECK(or_shape_mm_usable(&n) == t[i].usable);
+		CHECK(or_shape_mm_get(&n, 1, 2, &mm) && mm == 5u);
+		CHECK(!or_shape_mm_get(&n, 1, 3, &mm) && !or_shape_mm_get(&n, 9, 2, &mm));
+		or_norm_free(&n);
+	}
+	/* a shape replaced: its memo goes with it */
+	{
+		struct or_norm n, m;
+		unsigned mm;
+		or_shapes_free();
+		CHECK(or_normalize("SELECT 1 FROM t", &n));
+		or_shape_mm_put(&n, 1, 2, 5u);
+		or_shapes_free();
+		CHECK(!or_shape_mm_get(&n, 1, 2, &mm));
+		CHECK(or_normalize("SELECT 1 FROM t", &m));
+		CHECK(!or_shape_mm_get(&m, 1, 2, &mm));
+		or_norm_free(&n);
+		or_norm_free(&m);
+	}
+end:
+	or_shapes_free();
+	return ok;
+}
+
 static const struct unit_case cases[] = {
+	{ "the prefilter memo of a shape", shape_prefilter_memo },
+	{ "every kind of literal", every_kind_of_literal },
 	{ "literals become $n", norm_literals },
 	{ "forms left as written", norm_left_as_written },
 	{ "integers written as PostgreSQL writes them", format_int },
