@@ -162,13 +162,6 @@ static void client_send_now(struct client *c, const void *data, size_t len)
 		evbuffer_add(out, (const uint8_t *)data + n, len - (size_t)n);
 }
 
-static void set_sock_opts(int fd, bool is_unix)
-{
-	/* the listener accepts with SOCK_NONBLOCK | SOCK_CLOEXEC already */
-	if (!is_unix)
-		tcp_tune(fd);
-}
-
 /*
  * TCP_DEFER_ACCEPT: the first packet is usually here already, so it is read
  * at once, as conn_read_now() would. A lone SSLRequest or GSSENCRequest
@@ -215,7 +208,7 @@ void client_accept(int fd, const struct sockaddr *sa, int salen, bool is_unix)
 {
 	struct client *c;
 
-	set_sock_opts(fd, is_unix);
+	/* non-blocking, close-on-exec and the TCP options come from the listener */
 	c = client_new();
 	c->id = ++rt->next_id;
 	c->state = CL_LOGIN;

@@ -387,6 +387,7 @@ usec_t now_wall(void);
 char *xstrdup(const char *s);
 void random_bytes(void *buf, size_t n);
 void tcp_tune(int fd);
+void tcp_tune_listener(int fd);
 void *xcalloc(size_t n, size_t size);
 const char *addr_to_str(const struct sockaddr_storage *ss, char *buf, size_t len, int *port);
 void varcache_free(struct varcache *vc);

@@ -190,6 +190,7 @@ static bool listen_tcp(const char *host, int port)
 			setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &on, sizeof(on));
 		/* as PgBouncer on Linux: accept() only once the startup packet is there */
 		setsockopt(fd, IPPROTO_TCP, TCP_DEFER_ACCEPT, &on, sizeof(on));
+		tcp_tune_listener(fd);
 		if (bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, rt->cf->listen_backlog) < 0) {
 			log_error("could not listen on %s port %d: %s", host, port, strerror(errno));
 			close(fd);
@@ -500,6 +501,9 @@ bool lokadb_reload(char *err, size_t errlen)
 	tls_server_apply(tls_sctx);
 	runtime_apply_log_settings();
 	runtime_raise_nofile();
+	for (int i = 0; i < rt->n_listeners; i++)
+		if (!rt->listeners[i].is_unix && rt->listeners[i].fd >= 0)
+			tcp_tune_listener(rt->listeners[i].fd);
 	plugins_apply(true);
 	pool_apply_config(old);
 	peers_apply();

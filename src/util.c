@@ -109,7 +109,36 @@ const char *addr_to_str(const struct sockaddr_storage *ss, char *buf, size_t len
 	return buf;
 }
 
-/* TCP_NODELAY and the tcp_keep* settings, for client and server sockets. */
+/*
+ * TCP_NODELAY and the tcp_keep* settings on a TCP listen socket, at start and
+ * at RELOAD: Linux copies them to every socket accept() returns, which saves
+ * the accepted client two to five system calls. A setting back at 0 (OS
+ * default) gets the value the kernel gave a socket nobody had tuned.
+ */
+void tcp_tune_listener(int fd)
+{
+	static int os_default[3] = { -1, -1, -1 };
+	static const int opt[3] = { TCP_KEEPIDLE, TCP_KEEPINTVL, TCP_KEEPCNT };
+	const struct lk_config *cf = rt->cf;
+	const int want[3] = { cf->tcp_keepidle, cf->tcp_keepintvl, cf->tcp_keepcnt };
+	int on = 1, keep = cf->tcp_keepalive ? 1 : 0;
+
+	for (int i = 0; i < 3; i++) {
+		int v;
+		socklen_t len = sizeof(v);
+		if (os_default[i] < 0 && getsockopt(fd, IPPROTO_TCP, opt[i], &v, &len) == 0)
+			os_default[i] = v;
+	}
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
+	setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &keep, sizeof(keep));
+	for (int i = 0; i < 3; i++) {
+		int v = want[i] > 0 ? want[i] : os_default[i];
+		if (v > 0)
+			setsockopt(fd, IPPROTO_TCP, opt[i], &v, sizeof(int));
+	}
+}
+
+/* TCP_NODELAY and the tcp_keep* settings, for server sockets. */
 void tcp_tune(int fd)
 {
 	const struct lk_config *cf = rt->cf;

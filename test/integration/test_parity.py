@@ -340,3 +340,43 @@ def test_closing_lines_carry_the_connection_age_as_pgbouncer_does(bouncer):
     w = bouncer.login("p2", "trustuser")
     w.close()
     bouncer.wait_log(r"C-\d+: p2/trustuser@\S+ closing because: client (close request|unexpected eof) \(age=\d+s\)")
+
+
+# ------------------------------------------------------------ TCP keepalive --
+
+def _server_side_timer(bouncer_port, client_port):
+    """(timer kind, seconds left) of lokadb's end of the connection from
+    client_port, from /proc/net/tcp: kind 2 is the keepalive timer, 0 none."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        f = line.split()
+        local, remote = int(f[1].split(":")[1], 16), int(f[2].split(":")[1], 16)
+        if local == bouncer_port and remote == client_port and f[3] == "01":
+            kind, when = f[5].split(":")
+            return int(kind, 16), int(when, 16) / 100
+    raise AssertionError(f"no established socket {bouncer_port} <- {client_port} in /proc/net/tcp")
+
+
+def test_tcp_keepalive_settings_reach_client_sockets_also_after_reload(bouncer_factory):
+    """The tcp_keep* settings are set on the listen socket, whose accepted
+    sockets inherit them; RELOAD re-applies them, 0 meaning the OS default."""
+    b = bouncer_factory(settings={"tcp_keepalive": 1, "tcp_keepidle": 77, "tcp_keepintvl": 11,
+                                  "tcp_keepcnt": 5})
+    w = b.login("p0", timeout=8)
+    kind, left = _server_side_timer(b.port, w.sock.getsockname()[1])
+    assert kind == 2 and 60 < left <= 77, (kind, left)
+
+    os_idle = int(Path("/proc/sys/net/ipv4/tcp_keepalive_time").read_text())
+    b.write_ini(settings={"tcp_keepidle": 0})
+    b.admin("RELOAD")
+    w2 = b.login("p0", timeout=8)
+    kind, left = _server_side_timer(b.port, w2.sock.getsockname()[1])
+    assert kind == 2 and os_idle - 20 < left <= os_idle, (kind, left, os_idle)
+    kind, left = _server_side_timer(b.port, w.sock.getsockname()[1])
+    assert kind == 2 and left <= 77                  # an existing client keeps what it had
+
+    b.write_ini(settings={"tcp_keepalive": 0})
+    b.admin("RELOAD")
+    w3 = b.login("p0", timeout=8)
+    kind, _ = _server_side_timer(b.port, w3.sock.getsockname()[1])
+    assert kind == 0                                 # no keepalive timer at all
+    assert w3.scalar("select 1") == "1"
