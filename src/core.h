@@ -226,6 +226,7 @@ struct client {
 	uint64_t affinity;		/* a plugin's affinity key for server choice (0: none) */
 	int aff_max;			/* ... keys a server keeps at most */
 	int aff_passed;			/* times a waiting client was passed over for another's affinity */
+	int aff_home;			/* while waiting: its affinity key's home index (pool.c) */
 };
 
 struct server {
@@ -257,6 +258,7 @@ struct server {
 	struct scram_client *scram;
 	usec_t connect_time;		/* wall clock */
 	usec_t created;			/* monotonic */
+	usec_t linked_at;		/* monotonic, when its current client got it (pool_link) */
 	usec_t last_used;		/* monotonic: last release or activity */
 	usec_t query_start, xact_start;
 	bool in_query, in_xact;		/* the client's query / transaction is running (stats) */
@@ -317,6 +319,7 @@ struct pool {
 	uint8_t scram_keys[64];		/* a client's ClientKey + ServerKey for login_password */
 	bool has_scram_keys;
 	struct aff_map *aff;		/* affinity keys -> home index (pool.c); NULL until a key comes */
+	uint64_t aff_home_count, aff_away_count;	/* clients with a key given their home server / another */
 };
 
 TAILQ_HEAD(db_list, lk_db);

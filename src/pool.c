@@ -303,6 +303,7 @@ static void sync_vars(struct client *c, struct server *s)
 }
 
 static void server_note_key(struct server *s, uint64_t key, int max);
+static int key_home(struct pool *p, uint64_t key, int size);
 
 static void pool_link(struct client *c, struct server *s)
 {
@@ -312,10 +313,15 @@ static void pool_link(struct client *c, struct server *s)
 	s->link = c;
 	c->link = s;
 	s->checked = false;
-	s->last_used = now;
+	s->last_used = s->linked_at = now;
 	c->pool->stats.server_assignment_count++;
-	if (c->affinity)
+	if (c->affinity) {
+		if (key_home(c->pool, c->affinity, pool_size_of(c->pool)) == s->home)
+			c->pool->aff_home_count++;
+		else
+			c->pool->aff_away_count++;
 		server_note_key(s, c->affinity, c->aff_max);
+	}
 	if (c->state == CL_WAITING) {
 		c->pool->stats.wait_time += (uint64_t)(now - c->wait_start);
 		pool_set_client_state(c, CL_ACTIVE);
@@ -452,6 +458,7 @@ struct aff_map {
 	uint32_t cap, n;
 	uint32_t *load;			/* keys per home index */
 	int nload;
+	struct event *hold_ev;		/* ends a wait for a home server (leave_home_at) */
 };
 
 static uint64_t aff_mix(uint64_t k)	/* spreads the bits (MurmurHash3's finalizer) */
@@ -467,6 +474,8 @@ static void aff_map_free(struct aff_map *m)
 {
 	if (!m)
 		return;
+	if (m->hold_ev)
+		event_free(m->hold_ev);
 	free(m->keys);
 	free(m->home);
 	free(m->load);
@@ -573,14 +582,65 @@ int pool_free_home(const struct pool *p)
 }
 
 /*
- * An idle server for c. With an affinity key (a plugin's, e.g. the
- * organization): the key's home server, else one that already served the
- * key, else the one that served the fewest keys. Never waits for an affine
- * server: any idle one will do.
+ * Affinity: how many waiting clients an idle server looks at, how many times
+ * one may be passed over, and how long a client waits for its home server
+ * while a server of another home is idle. A statement that goes to another
+ * home's server makes that backend open the organization's partitions too,
+ * and PostgreSQL 15 pays for every (backend, partition) pair once, more the
+ * more it already has (research/partitions.md; doc/benchmarks.md, "Routing
+ * cost"): with 10,000 organizations a leak of one statement in seven kept
+ * PostgreSQL busy in SearchCatCacheList for minutes.
  */
-static struct server *idle_server_for(struct pool *p, struct client *c)
+#define AFF_SCAN 32
+#define AFF_PASS_MAX 64
+#define AFF_HOLD_USEC 10000		/* a home server that long with one client is not waited for */
+#define AFF_WAIT_MAX_USEC 50000		/* nobody waits longer for a home while a server is idle */
+
+/* Is a server with this home index open (pool_free_home gives out the lowest free index)? */
+static bool home_open(const struct pool *p, int home)
 {
-	struct server *s, *served = NULL, *best = NULL;
+	return home >= 0 && home < p->n_active_sv + p->n_idle_sv + p->n_tested_sv + p->n_login_sv;
+}
+
+/* When the oldest waiting client may stop waiting for its home server. */
+static usec_t leave_home_at(const struct pool *p, const struct client *head)
+{
+	usec_t at = head->wait_start + AFF_WAIT_MAX_USEC;
+	const struct server *s;
+
+	TAILQ_FOREACH(s, &p->active_servers, entry)
+		if (s->home == head->aff_home) {
+			if (s->linked_at + AFF_HOLD_USEC < at)
+				at = s->linked_at + AFF_HOLD_USEC;
+			break;
+		}
+	return at;
+}
+
+/*
+ * The oldest waiting client may take a server of another home: its home
+ * server has served one client for AFF_HOLD_USEC (a long transaction, not a
+ * queue that moves) or it waited AFF_WAIT_MAX_USEC (leave_home_at), or it
+ * was passed over AFF_PASS_MAX times, or its home is not open, or its home
+ * is crowded: more than half of the waiting clients looked at want it (one
+ * busy organization, or a single waiting client: an uneven load spreads).
+ */
+static bool may_leave_home(struct pool *p, const struct client *head, int crowd, int looked)
+{
+	return head->aff_passed >= AFF_PASS_MAX || !home_open(p, head->aff_home) || 2 * crowd > looked ||
+	       rt->now >= leave_home_at(p, head);
+}
+
+/*
+ * An idle server for a client that does not wait yet. With an affinity key
+ * (a plugin's, e.g. the organization): the key's home server, else one that
+ * served the key lately; if the home server is open but busy, NULL and
+ * *hold: the client waits for it (may_leave_home, pool_activate).
+ */
+static struct server *idle_server_for(struct pool *p, struct client *c, bool *hold)
+{
+	struct server *s, *served = NULL;
+	bool any = false;
 	int home;
 
 	if (!c->affinity)
@@ -593,47 +653,70 @@ static struct server *idle_server_for(struct pool *p, struct client *c)
 			return s;
 		if (!served && server_has_key(s, c->affinity))
 			served = s;
-		if (!best || s->n_aff < best->n_aff)
-			best = s;
+		any = true;
 	}
 	if (served)
 		return served;
-	return best ? best : idle_server(p);
+	if (any && home_open(p, home) && p->n_waiting_cl > 0) {
+		*hold = true;	/* others wait too: the idle servers are kept for their homes */
+		return NULL;
+	}
+	return idle_server(p);
 }
 
-/* Waiting clients looked at for a server's affinity, and times one may be passed over. */
-#define AFF_SCAN 16
-
 /*
- * The waiting client an idle server s takes: the oldest, unless it has an
- * affinity key that is not s's and one of the next AFF_SCAN - 1 clients has
- * a key at home on s (or served by s). A client is passed over at most
- * AFF_SCAN times: then it gets the next server whatever its key, so an
- * uneven load (one busy organization) never starves anybody.
+ * The waiting client an idle server s takes: the first of the next AFF_SCAN
+ * whose key is at home on s or who has no key, else the first s served
+ * lately, else the oldest if it may leave its home (may_leave_home), else
+ * nobody: s stays idle for a client of its own.
  */
 static struct client *waiting_for(struct pool *p, struct server *s)
 {
 	struct client *head = TAILQ_FIRST(&p->waiting_clients), *c, *served = NULL;
-	int n = 0, size;
+	int n = 0, crowd = 0;
 
-	if (!head->affinity || head->aff_passed >= AFF_SCAN)
-		return head;
-	size = pool_size_of(p);
-	if (key_home(p, head->affinity, size) == s->home)
-		return head;
 	for (c = head; c && n < AFF_SCAN; c = TAILQ_NEXT(c, entry), n++) {
-		if (!c->affinity)
-			continue;
-		if (key_home(p, c->affinity, size) == s->home)
+		if (!c->affinity || c->aff_home == s->home)
 			break;
 		if (!served && server_has_key(s, c->affinity))
 			served = c;
+		crowd += c->aff_home == head->aff_home;
 	}
 	if (!c || n == AFF_SCAN)
-		c = served ? served : head;
-	for (struct client *o = head; o != c; o = TAILQ_NEXT(o, entry))
-		o->aff_passed++;
+		c = served ? served : may_leave_home(p, head, crowd, n) ? head : NULL;
+	if (c)
+		for (struct client *o = head; o != c; o = TAILQ_NEXT(o, entry))
+			o->aff_passed++;
 	return c;
+}
+
+static void pool_activate(struct pool *p);
+
+static void aff_hold_cb(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	rt->now = now_mono();
+	pool_activate(arg);
+}
+
+/* Wake the pool when its oldest waiting client may leave its home (an idle server is kept). */
+static void aff_hold_arm(struct pool *p)
+{
+	struct client *head = TAILQ_FIRST(&p->waiting_clients);
+	struct aff_map *m = p->aff;
+	usec_t at, left;
+	struct timeval tv;
+
+	if (!head || !m)
+		return;
+	if (!m->hold_ev && !(m->hold_ev = evtimer_new(rt->base, aff_hold_cb, p)))
+		return;
+	at = leave_home_at(p, head);
+	left = at > rt->now ? at - rt->now : 1;
+	tv.tv_sec = (time_t)(left / USEC);
+	tv.tv_usec = (suseconds_t)(left % USEC);
+	evtimer_add(m->hold_ev, &tv);
 }
 
 /* Remember the key on the server; a full set forgets its oldest key. */
@@ -673,17 +756,23 @@ bool pool_move_client(struct client *c, struct lk_db *db)
 bool pool_acquire(struct client *c)
 {
 	struct pool *p = c->pool;
-	struct server *s = idle_server_for(p, c);
+	bool hold = false;
+	struct server *s = idle_server_for(p, c, &hold);
 
 	if (s && !pool_is_paused(p)) {
 		pool_link(c, s);
 		return true;
 	}
-	c->wait_start = now_mono();
+	c->wait_start = rt->now = now_mono();
 	c->aff_passed = 0;
+	c->aff_home = c->affinity ? key_home(p, c->affinity, pool_size_of(p)) : -1;
 	c->wait_notified = false;
 	pool_set_client_state(c, CL_WAITING);
-	if (!pool_is_paused(p) && p->n_login_sv == 0 && can_launch(p, false))
+	if (pool_is_paused(p))
+		return false;
+	if (hold)
+		aff_hold_arm(p);
+	else if (p->n_login_sv == 0 && can_launch(p, false))
 		server_launch(p);
 	return false;
 }
@@ -695,12 +784,20 @@ static void pool_activate(struct pool *p)
 	struct server *s;
 
 	while (!pool_is_paused(p) && (c = TAILQ_FIRST(&p->waiting_clients))) {
-		if (c->affinity && p->n_idle_sv == 1) {
-			/* one server came free (the usual case under load): which client it serves */
-			if (!(s = idle_server(p)))
+		if (c->affinity) {
+			/* which waiting client each idle server serves (waiting_for) */
+			c = NULL;
+			TAILQ_FOREACH(s, &p->idle_servers, entry)
+				if (server_usable(s) && (c = waiting_for(p, s)))
+					break;
+			if (!c) {
+				if (p->n_idle_sv > 0 && !idle_server(p))
+					break;	/* the idle ones were due a server_check_query */
+				if (p->n_idle_sv > 0)
+					aff_hold_arm(p);
 				break;
-			c = waiting_for(p, s);
-		} else if (!(s = idle_server_for(p, c))) {
+			}
+		} else if (!(s = idle_server(p))) {
 			break;
 		}
 		pool_link(c, s);

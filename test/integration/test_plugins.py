@@ -12,14 +12,16 @@ import re
 import signal
 import shutil
 import struct
+import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import psycopg
 import pytest
 from psycopg import errors
 
-from lokadb_harness import (ADMIN_DB, CONSOLE_USERS, HERE, SLOW, BgCall, Wire, assert_error,
+from lokadb_harness import (ADMIN_DB, CONSOLE_USERS, HERE, PGBENCH, SLOW, BgCall, Wire, assert_error,
                             assert_serves, backend_pid, free_port, message, scram_secret,
                             startup_packet, wait_until)
 
@@ -244,7 +246,7 @@ def test_show_config_lists_declared_plugin_settings(bouncer_factory):
     assert cfg["plugin.t_hooks.hold_ms"]["value"] == "300"
     assert cfg["plugin.t_hooks.hold_ms"]["default"] == "300"
     assert cfg["plugin.t_hooks.reject_user"]["value"] == ""
-    assert len([k for k in cfg if k.startswith("plugin.t_hooks.")]) == 38
+    assert len([k for k in cfg if k.startswith("plugin.t_hooks.")]) == 39
     assert last(b)["setting_mode"] == "b"
     c = counters(b)
     assert c["config_check"] >= 1 and c["config_apply"] == 1 and c["apply_reloading"] == 0
@@ -800,6 +802,77 @@ def test_affinity_never_makes_a_client_wait_for_its_server(bouncer_factory):
     assert pid1 != pid2
     a1.execute("commit")
     a2.execute("commit")
+
+
+def _affinity_counts(port):
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    got = {}
+    for m in re.finditer(r'^lokadb_pools_affinity_assignments_total\{database="p0",user="trustuser",'
+                         r'placement="(home|away)"\} (\S+)$', text, re.M):
+        got[m.group(1)] = int(float(m.group(2)))
+    return got.get("home", 0), got.get("away", 0)
+
+
+def test_affinity_under_load_keeps_nearly_every_statement_at_home(bouncer_factory, tmp_path):
+    """32 pgbench clients, a random key of 400 per statement, 8 servers:
+    clients queue, and a server that comes free goes to a waiting client of
+    its own home. A statement that runs on another home's backend makes that
+    backend open the key's partitions too; when a free server looked at the
+    16 oldest waiting clients and otherwise took the oldest, about one
+    statement in eight did (10,000 organizations: doc/benchmarks.md)."""
+    port = free_port()
+    b = hooks(bouncer_factory, {"affinity_max": "1", "affinity_from_sql": "on", "watch": "all"},
+              settings={"pool_mode": "transaction", "default_pool_size": 8,
+                        "metrics_listen": f"127.0.0.1:{port}"})
+    script = tmp_path / "aff.sql"
+    script.write_text("\\set k random(1, 400)\n/*aff=:k*/ SELECT pg_sleep(0.002);\n")
+    cmd = [PGBENCH, "-n", "-M", "simple", "-c", "32", "-j", "2", "-f", str(script),
+           "-h", "127.0.0.1", "-p", str(b.port), "-U", "trustuser"]
+    warm = subprocess.run(cmd + ["-t", "10", "p0"], capture_output=True, text=True, timeout=60 * SLOW)
+    assert warm.returncode == 0, warm.stderr[-2000:]
+    home0, away0 = _affinity_counts(port)
+    assert home0 + away0 == 320
+    r = subprocess.run(cmd + ["-t", "60", "p0"], capture_output=True, text=True, timeout=120 * SLOW)
+    assert r.returncode == 0, r.stderr[-2000:]
+    home, away = _affinity_counts(port)
+    home, away = home - home0, away - away0
+    assert home + away == 32 * 60
+    assert away <= 0.03 * (home + away), (home, away)
+
+
+def _waiting(b):
+    return sum(int(r["cl_waiting"]) for r in b.admin_dicts("SHOW POOLS") if r["database"] == "p0")
+
+
+def test_affinity_a_client_waiting_for_its_busy_home_takes_another_server_soon(bouncer_factory):
+    """Three keys, three servers, each key at home on one. Keys A and B keep
+    their servers in open transactions; a second A and a second B wait. When
+    C's server comes free it is kept for a C client briefly (10 ms), then the
+    oldest waiting client takes it: nobody waits on a busy home while a
+    server stays idle."""
+    b = hooks(bouncer_factory, {"affinity_max": "1"},
+              settings={"pool_mode": "transaction", "default_pool_size": 3})
+    seen = _pids_by_app(b, ["org-a", "org-b", "org-c"], 1)
+    assert len({p[0] for p in seen.values()}) == 3, seen
+    hold = {a: b.connect("p0", "pooluser1", application_name=a) for a in ("org-a", "org-b", "org-c")}
+    for a, c in hold.items():
+        c.execute("begin")
+        assert c.execute("select pg_backend_pid()").fetchone()[0] == seen[a][0]
+    a2 = b.login("p0", "pooluser1", params={"application_name": "org-a"})
+    b2 = b.login("p0", "pooluser1", params={"application_name": "org-b"})
+    a2.send_msg(b"Q", b"select pg_backend_pid()\0")
+    wait_until(lambda: _waiting(b) == 1, 5 * SLOW, what="org-a's second client waiting")
+    b2.send_msg(b"Q", b"select pg_backend_pid()\0")
+    wait_until(lambda: _waiting(b) == 2, 5 * SLOW, what="two clients waiting")
+    hold["org-c"].execute("commit")                 # C's server is idle now
+    res = a2.read_until_ready(timeout=5)            # the oldest waiting client gets it
+    assert res.rows == [[str(seen["org-c"][0])]], res.rows
+    # then it is free again and org-b's client, alone in the queue now, takes it
+    assert b2.read_until_ready(timeout=5).rows == [[str(seen["org-c"][0])]]
+    hold["org-b"].execute("commit")
+    hold["org-a"].execute("commit")
+    for c in hold.values():
+        c.close()
 
 
 # ------------------------------------------------------------------ ROUTE --

@@ -351,6 +351,15 @@ static int on_query(lk_plugin *self, lk_event *ev)
 	remember(11, api->client_in_transaction(c) ? "1" : "0");
 	if (t == 'P' || t == 'B')
 		remember(7, api->query_statement(ev));
+	if (*S("affinity_from_sql") && sql && strncmp(sql, "/*aff=", 6) == 0) {
+		char key[64];
+		size_t k = strcspn(sql + 6, "*");
+		if (k > 0 && k < sizeof(key)) {
+			memcpy(key, sql + 6, k);
+			key[k] = 0;
+			api->client_set_affinity(c, key, *S("affinity_max") ? atoi(S("affinity_max")) : 8);
+		}
+	}
 
 	if (t == 'B') {
 		remember(8, sql);
@@ -740,6 +749,7 @@ static const struct {
 } settings[] = {
 	{ "mode", "a", "a or b (CONFIG_CHECK refuses anything else)" },
 	{ "affinity_max", "", "set: each client's application_name is its server affinity key, this many keys per server" },
+	{ "affinity_from_sql", "", "on: a query starting /*aff=KEY*/ sets the client's affinity key to KEY (watch = all)" },
 	{ "watch", "", "all, or a user whose queries go to the QUERY hook" },
 	{ "reject_user", "", "CLIENT_STARTUP fails this user with 28000" },
 	{ "reject_app", "", "CLIENT_STARTUP fails this application_name with 28000" },
