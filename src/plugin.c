@@ -76,7 +76,7 @@ struct lk_event {
 	uint32_t blen;			/* of body (below) */
 	char *sql, *stmt, *portal;	/* pointers into body, or owned (sql_owned) */
 	const char *bound_sql;		/* B: the text of the statement it binds */
-	char *new_sql;
+	char *new_sql;			/* query_rewrite: NULL, or sqlbuf */
 	int nparams;
 	uint32_t params_off;		/* P: first type OID; B: first value */
 	uint32_t fmts_off;		/* B: format codes */
@@ -98,6 +98,8 @@ struct lk_event {
 	/* Kept when a freed event is used again (ev_spare): not cleared by hev_new. */
 	uint8_t *body;			/* Q/P/B: copy of the message body */
 	size_t body_cap;
+	char *sqlbuf;			/* new_sql's storage */
+	size_t sqlbuf_cap;
 	char *inl;			/* inline_len bytes and a NUL */
 	size_t inl_cap;
 	struct ev_vars *vars;		/* allocated by the first query_set_var */
@@ -326,8 +328,6 @@ void plugin_event_free(struct lk_event *ev)
 		free(ev->cfg_err);
 	if (ev->secret)
 		free(ev->secret);
-	if (ev->new_sql)
-		free(ev->new_sql);
 	if (ev->new_params) {
 		for (int i = 0; i < ev->nparams; i++)
 			free(ev->new_params[i]);
@@ -352,11 +352,17 @@ void plugin_event_free(struct lk_event *ev)
 			ev->body = NULL;
 			ev->body_cap = 0;
 		}
+		if (ev->sqlbuf_cap > EV_KEEP_BODY) {
+			free(ev->sqlbuf);
+			ev->sqlbuf = NULL;
+			ev->sqlbuf_cap = 0;
+		}
 		ev_spare[n_ev_spare++] = ev;
 		return;
 	}
 #endif
 	free(ev->body);
+	free(ev->sqlbuf);
 	free(ev->inl);
 	free(ev->vars);
 	free(ev);
@@ -1473,9 +1479,22 @@ static uint32_t api_query_param_type(lk_event *ev, int i)
 
 static int api_query_rewrite(lk_event *ev, const char *sql)
 {
+	size_t n;
+
 	if (ev->hook != LK_HOOK_QUERY || (ev->qtype != 'Q' && ev->qtype != 'P') || !sql)
 		return -1;
-	set_str(&ev->new_sql, sql);
+	n = strlen(sql) + 1;	/* sql may be new_sql itself */
+	if (ev->sqlbuf_cap < n) {
+		size_t cap = n > 256 ? n : 256;
+		char *buf = xmalloc(cap);
+		memcpy(buf, sql, n);
+		free(ev->sqlbuf);
+		ev->sqlbuf = buf;
+		ev->sqlbuf_cap = cap;
+	} else {
+		memmove(ev->sqlbuf, sql, n);
+	}
+	ev->new_sql = ev->sqlbuf;
 	return 0;
 }
 
@@ -1517,6 +1536,7 @@ static int api_query_prefix(lk_event *ev, const char *sql)
  */
 struct tv_val {
 	char *name, *value;		/* value = name + EV_VAR_NAME; NULL: no buffer yet */
+	size_t nlen, vlen;
 };
 
 /* What the pooler's own set_config prefixes gave a server's session. */
@@ -1551,6 +1571,8 @@ static void tv_fill(struct tv_val *v, const char *name, size_t nlen, const char 
 	}
 	memcpy(v->name, name, nlen + 1);
 	memcpy(v->value, value, vlen + 1);
+	v->nlen = nlen;
+	v->vlen = vlen;
 }
 
 /* The oldest prefix in flight goes; its entry (and buffers) moves to the end. */
@@ -1586,17 +1608,17 @@ static void tvars_free(struct server *s)
 	s->tvars = NULL;
 }
 
-static int tv_find(const struct tv_val *v, int n, const char *name)
+static int tv_find(const struct tv_val *v, int n, const char *name, size_t nlen)
 {
 	for (int i = 0; i < n; i++)
-		if (strcmp(v[i].name, name) == 0)
+		if (v[i].nlen == nlen && memcmp(v[i].name, name, nlen) == 0)
 			return i;
 	return -1;
 }
 
-static void tv_remove(struct tv_val *v, int *n, const char *name)
+static void tv_remove(struct tv_val *v, int *n, const char *name, size_t nlen)
 {
-	int i = tv_find(v, *n, name);
+	int i = tv_find(v, *n, name, nlen);
 
 	if (i >= 0)
 		tv_swap(&v[i], &v[--*n]);
@@ -1654,7 +1676,7 @@ static void tv_answered(struct tvars *t, bool inl, uint32_t seq, bool ok)
 	if (t->np && t->p[0].inl == inl && t->p[0].seq == seq) {
 		for (int i = 0; ok && i < t->p[0].n; i++) {
 			struct tv_val *pv = &t->p[0].v[i];
-			int k = tv_find(t->v, t->n, pv->name);
+			int k = tv_find(t->v, t->n, pv->name, pv->nlen);
 			if (k < 0 && t->n < TV_MAX)
 				k = t->n++;
 			if (k >= 0)
@@ -1664,15 +1686,25 @@ static void tv_answered(struct tvars *t, bool inl, uint32_t seq, bool ok)
 	}
 }
 
+/* Characters that end tv_text_len's scan: the NUL, the others refused. */
+static const bool tv_stop[256] = {
+	[0x00] = 1, [0x01] = 1, [0x02] = 1, [0x03] = 1, [0x04] = 1, [0x05] = 1, [0x06] = 1, [0x07] = 1,
+	[0x08] = 1, [0x09] = 1, [0x0a] = 1, [0x0b] = 1, [0x0c] = 1, [0x0d] = 1, [0x0e] = 1, [0x0f] = 1,
+	[0x10] = 1, [0x11] = 1, [0x12] = 1, [0x13] = 1, [0x14] = 1, [0x15] = 1, [0x16] = 1, [0x17] = 1,
+	[0x18] = 1, [0x19] = 1, [0x1a] = 1, [0x1b] = 1, [0x1c] = 1, [0x1d] = 1, [0x1e] = 1, [0x1f] = 1,
+	['\\'] = 1,
+};
+
 /* The length of v, or -1 when it is longer than max or has a control character or a backslash. */
 static int tv_text_len(const char *v, size_t max)
 {
-	size_t n = 0;
+	const unsigned char *p = (const unsigned char *)v;
 
-	for (; v[n]; n++)
-		if ((unsigned char)v[n] < 0x20 || v[n] == '\\')
-			return -1;
-	return n <= max ? (int)n : -1;
+	while (!tv_stop[*p])
+		p++;
+	if (*p || (size_t)(p - (const unsigned char *)v) > max)
+		return -1;
+	return (int)(p - (const unsigned char *)v);
 }
 
 static int api_query_set_var(lk_event *ev, const char *name, const char *value)
@@ -1782,13 +1814,13 @@ static bool tv_ascii(const char *v)
 }
 
 /* A value sent again: what was known or in flight for it no longer holds. */
-static void tv_superseded(struct tvars *t, const char *name)
+static void tv_superseded(struct tvars *t, const char *name, size_t nlen)
 {
 	int k = 0;
 
-	tv_remove(t->v, &t->n, name);
+	tv_remove(t->v, &t->n, name, nlen);
 	for (int j = 0; j < t->np; j++) {
-		tv_remove(t->p[j].v, &t->p[j].n, name);
+		tv_remove(t->p[j].v, &t->p[j].n, name, nlen);
 		if (t->p[j].n) {	/* an entry left with nothing to record goes (after np) */
 			if (k != j) {
 				struct tv_pend x = t->p[k];
@@ -1832,11 +1864,11 @@ void plugin_query_send_vars(struct client *c, struct lk_event *ev)
 	for (int i = 0; i < ev->n_vars; i++) {
 		int k;
 		if (!x->has[i]) {	/* the message changes it: forget, also in flight */
-			tv_superseded(t, x->name[i]);
+			tv_superseded(t, x->name[i], x->nlen[i]);
 			continue;
 		}
-		k = tv_find(t->v, t->n, x->name[i]);
-		if (k < 0 || strcmp(t->v[k].value, x->value[i]) != 0)
+		k = tv_find(t->v, t->n, x->name[i], x->nlen[i]);
+		if (k < 0 || t->v[k].vlen != x->vlen[i] || memcmp(t->v[k].value, x->value[i], x->vlen[i]) != 0)
 			want |= 1u << i;
 	}
 	if (want && ev->qtype == 'Q' && ev->vars_inline) {
@@ -1849,7 +1881,7 @@ void plugin_query_send_vars(struct client *c, struct lk_event *ev)
 		char sql[TV_MAX * TV_SQL_ONE + 16];
 		bool set_form = true, inl = ev->qtype == 'Q' && ev->vars_inline;
 		size_t o = 0;
-		int np;
+		int np, nwant = 0;
 		for (int i = 0; i < ev->n_vars; i++) {
 			if (!(want & (1u << i)))
 				continue;
@@ -1881,7 +1913,8 @@ void plugin_query_send_vars(struct client *c, struct lk_event *ev)
 				put_literal(sql, &o, x->value[i], x->vlen[i]);
 				PUT_STR(sql, &o, ", false)");
 			}
-			tv_superseded(t, x->name[i]);
+			tv_superseded(t, x->name[i], x->nlen[i]);
+			nwant++;
 		}
 		sql[o] = 0;
 		np = t->np < TV_PEND ? t->np : -1;
@@ -1893,7 +1926,7 @@ void plugin_query_send_vars(struct client *c, struct lk_event *ev)
 			}
 			memcpy(ev->inl, sql, o + 1);
 			ev->inline_len = o;
-			ev->inline_n = __builtin_popcount(want);
+			ev->inline_n = nwant;
 			t->isent++;
 		} else {
 			t->ours = true;
