@@ -26,6 +26,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,11 +73,10 @@ struct lk_event {
 	bool secret_set;
 	/* QUERY */
 	char qtype;
-	uint8_t *body;			/* copy of the message body */
-	uint32_t blen;
+	uint32_t blen;			/* of body (below) */
 	char *sql, *stmt, *portal;	/* pointers into body, or owned (sql_owned) */
 	const char *bound_sql;		/* B: the text of the statement it binds */
-	char *new_sql;
+	char *new_sql;			/* query_rewrite: NULL, or sqlbuf */
 	int nparams;
 	uint32_t params_off;		/* P: first type OID; B: first value */
 	uint32_t fmts_off;		/* B: format codes */
@@ -87,15 +87,35 @@ struct lk_event {
 	char **prefix;
 	int n_prefix;
 	char *reparse;			/* B: parse the bound statement again with this text first */
-	char *var_name[8], *var_value[8];	/* query_set_var (value NULL: forget) */
-	int n_vars;
+	int n_vars;			/* query_set_var, in ->vars */
 	struct { struct lk_plugin *pl; lk_vars_fn fn; void *arg; } on_vars[4];	/* query_on_vars */
 	int n_on_vars;
 	bool vars_inline;		/* Q: the values may go in front of the statement */
-	char *inline_sql;		/* ... and do: "SET a = 'x'; " (query_vars_inline) */
-	int inline_n;			/* SET statements in inline_sql */
+	size_t inline_len;		/* ... and do: "SET a = 'x'; " in ->inl (query_vars_inline) */
+	int inline_n;			/* SET statements in it */
 	char *route;
 	struct lk_result *res;
+	/* Kept when a freed event is used again (ev_spare): not cleared by hev_new. */
+	uint8_t *body;			/* Q/P/B: copy of the message body */
+	size_t body_cap;
+	char *sqlbuf;			/* new_sql's storage */
+	size_t sqlbuf_cap;
+	char *inl;			/* inline_len bytes and a NUL */
+	size_t inl_cap;
+	struct ev_vars *vars;		/* allocated by the first query_set_var */
+};
+
+#define EV_KEPT offsetof(struct lk_event, body)
+#define EV_VAR_NAME 64			/* query_set_var: a name of at most 63 bytes */
+#define EV_VAR_VALUE 256		/* ... and a value of at most 255 */
+
+/* The query_set_var values of a message (has[i] false: forget name[i]). */
+struct ev_vars {
+	char name[8][EV_VAR_NAME];
+	char value[8][EV_VAR_VALUE];
+	uint8_t nlen[8];
+	uint16_t vlen[8];
+	bool has[8];
 };
 
 struct lk_result {
@@ -224,6 +244,17 @@ static void *push_slot(void *arrp, int *n, size_t size)
 	return v;
 }
 
+/* malloc, or the end (as xcalloc): for buffers filled at once. */
+static void *xmalloc(size_t n)
+{
+	void *p = malloc(n);
+	if (!p) {
+		log_fatal("out of memory");
+		abort();
+	}
+	return p;
+}
+
 static void set_str(char **dst, const char *src)
 {
 	free(*dst);
@@ -238,9 +269,40 @@ static void vset_error(struct lk_event *ev, const char *sqlstate, const char *fm
 	set_str(&ev->errmsg, msg);
 }
 
+/*
+ * Freed events wait here for the next one, with their buffers: the QUERY
+ * and ROUTE events of every statement cost no allocation. A freed event is
+ * referenced by nobody (as with free()), so using it again is safe. Not
+ * with AddressSanitizer, which then still catches a use after free.
+ */
+#if defined(__SANITIZE_ADDRESS__)
+#define EV_SPARE 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define EV_SPARE 0
+#endif
+#endif
+#ifndef EV_SPARE
+#define EV_SPARE 4
+#endif
+#define EV_KEEP_BODY 16384		/* a larger body buffer is not kept */
+
+#if EV_SPARE
+static struct lk_event *ev_spare[EV_SPARE];
+static int n_ev_spare;
+#endif
+
 static struct lk_event *hev_new(enum lk_hook hook, struct client *c, struct server *s)
 {
-	struct lk_event *ev = xcalloc(1, sizeof(*ev));
+	struct lk_event *ev;
+
+#if EV_SPARE
+	if (n_ev_spare) {
+		ev = ev_spare[--n_ev_spare];
+		memset(ev, 0, EV_KEPT);
+	} else
+#endif
+		ev = xcalloc(1, sizeof(*ev));
 	ev->hook = hook;
 	ev->c = c;
 	ev->s = s;
@@ -259,26 +321,50 @@ void plugin_event_free(struct lk_event *ev)
 {
 	if (!ev)
 		return;
-	free(ev->errmsg);
-	free(ev->cfg_err);
-	free(ev->secret);
-	free(ev->body);
-	free(ev->new_sql);
-	for (int i = 0; ev->new_params && i < ev->nparams; i++)
-		free(ev->new_params[i]);
-	free(ev->new_params);
-	free(ev->param_set);
-	for (int i = 0; i < ev->n_prefix; i++)
-		free(ev->prefix[i]);
-	free(ev->prefix);
-	free(ev->route);
-	free(ev->reparse);
-	free(ev->inline_sql);
-	for (int i = 0; i < ev->n_vars; i++) {
-		free(ev->var_name[i]);
-		free(ev->var_value[i]);
+	/* most are never set: free only what was */
+	if (ev->errmsg)
+		free(ev->errmsg);
+	if (ev->cfg_err)
+		free(ev->cfg_err);
+	if (ev->secret)
+		free(ev->secret);
+	if (ev->new_params) {
+		for (int i = 0; i < ev->nparams; i++)
+			free(ev->new_params[i]);
+		free(ev->new_params);
+		free(ev->param_set);
 	}
-	result_free(ev->res);
+	if (ev->prefix) {
+		for (int i = 0; i < ev->n_prefix; i++)
+			free(ev->prefix[i]);
+		free(ev->prefix);
+	}
+	if (ev->route)
+		free(ev->route);
+	if (ev->reparse)
+		free(ev->reparse);
+	if (ev->res)
+		result_free(ev->res);
+#if EV_SPARE
+	if (n_ev_spare < EV_SPARE) {
+		if (ev->body_cap > EV_KEEP_BODY) {
+			free(ev->body);
+			ev->body = NULL;
+			ev->body_cap = 0;
+		}
+		if (ev->sqlbuf_cap > EV_KEEP_BODY) {
+			free(ev->sqlbuf);
+			ev->sqlbuf = NULL;
+			ev->sqlbuf_cap = 0;
+		}
+		ev_spare[n_ev_spare++] = ev;
+		return;
+	}
+#endif
+	free(ev->body);
+	free(ev->sqlbuf);
+	free(ev->inl);
+	free(ev->vars);
 	free(ev);
 }
 
@@ -1297,7 +1383,12 @@ int plugin_query(struct client *c, const uint8_t *msg, uint32_t len)
 
 	ev->qtype = (char)msg[0];
 	ev->blen = len - 4;
-	ev->body = malloc(ev->blen ? ev->blen : 1);
+	if (ev->body_cap < ev->blen || !ev->body) {
+		size_t cap = ev->blen > 256 ? ev->blen : 256;
+		free(ev->body);
+		ev->body = malloc(cap);
+		ev->body_cap = ev->body ? cap : 0;
+	}
 	if (!ev->body) {
 		plugin_event_free(ev);
 		client_close(c, "53200", "out of memory");
@@ -1388,9 +1479,22 @@ static uint32_t api_query_param_type(lk_event *ev, int i)
 
 static int api_query_rewrite(lk_event *ev, const char *sql)
 {
+	size_t n;
+
 	if (ev->hook != LK_HOOK_QUERY || (ev->qtype != 'Q' && ev->qtype != 'P') || !sql)
 		return -1;
-	set_str(&ev->new_sql, sql);
+	n = strlen(sql) + 1;	/* sql may be new_sql itself */
+	if (ev->sqlbuf_cap < n) {
+		size_t cap = n > 256 ? n : 256;
+		char *buf = xmalloc(cap);
+		memcpy(buf, sql, n);
+		free(ev->sqlbuf);
+		ev->sqlbuf = buf;
+		ev->sqlbuf_cap = cap;
+	} else {
+		memmove(ev->sqlbuf, sql, n);
+	}
+	ev->new_sql = ev->sqlbuf;
 	return 0;
 }
 
@@ -1425,8 +1529,14 @@ static int api_query_prefix(lk_event *ev, const char *sql)
 #define TV_MAX 8			/* values per server and per event */
 #define TV_PEND 4			/* set_config prefixes in flight per server */
 
+/*
+ * A name and its value, in a buffer of EV_VAR_NAME + EV_VAR_VALUE bytes the
+ * slot keeps once it has one (freed with the tvars): values move between
+ * slots by swapping them, so a statement allocates nothing here.
+ */
 struct tv_val {
-	char *name, *value;
+	char *name, *value;		/* value = name + EV_VAR_NAME; NULL: no buffer yet */
+	size_t nlen, vlen;
 };
 
 /* What the pooler's own set_config prefixes gave a server's session. */
@@ -1438,7 +1548,7 @@ struct tvars {
 	int n;
 	struct tv_val v[TV_MAX];	/* known: ran outside a block, without error */
 	int np;
-	struct {
+	struct tv_pend {
 		uint32_t seq;		/* the hidden query's number (tvars.sent after it), or */
 		bool inl;		/* the client Query's (tvars.isent after it) */
 		int n;
@@ -1446,55 +1556,72 @@ struct tvars {
 	} p[TV_PEND];			/* sent, not answered yet, oldest first */
 };
 
-static void tv_vals_free(struct tv_val *v, int *n)
+static void tv_swap(struct tv_val *a, struct tv_val *b)
 {
-	for (int i = 0; i < *n; i++) {
-		free(v[i].name);
-		free(v[i].value);
-	}
-	*n = 0;
+	struct tv_val x = *a;
+	*a = *b;
+	*b = x;
 }
 
+static void tv_fill(struct tv_val *v, const char *name, size_t nlen, const char *value, size_t vlen)
+{
+	if (!v->name) {
+		v->name = xmalloc(EV_VAR_NAME + EV_VAR_VALUE);
+		v->value = v->name + EV_VAR_NAME;
+	}
+	memcpy(v->name, name, nlen + 1);
+	memcpy(v->value, value, vlen + 1);
+	v->nlen = nlen;
+	v->vlen = vlen;
+}
+
+/* The oldest prefix in flight goes; its entry (and buffers) moves to the end. */
 static void tv_pop(struct tvars *t)
 {
-	tv_vals_free(t->p[0].v, &t->p[0].n);
+	struct tv_pend first = t->p[0];
+
 	t->np--;
 	memmove(t->p, t->p + 1, sizeof(t->p[0]) * (size_t)t->np);
+	first.n = 0;
+	t->p[t->np] = first;
 }
 
 static void tv_clear(struct tvars *t)
 {
-	tv_vals_free(t->v, &t->n);
+	t->n = 0;
 	while (t->np)
 		tv_pop(t);
 }
 
 static void tvars_free(struct server *s)
 {
-	if (!s->tvars)
+	struct tvars *t = s->tvars;
+
+	if (!t)
 		return;
-	tv_clear(s->tvars);
-	free(s->tvars);
+	for (int i = 0; i < TV_MAX; i++) {
+		free(t->v[i].name);
+		for (int j = 0; j < TV_PEND; j++)
+			free(t->p[j].v[i].name);
+	}
+	free(t);
 	s->tvars = NULL;
 }
 
-static int tv_find(const struct tv_val *v, int n, const char *name)
+static int tv_find(const struct tv_val *v, int n, const char *name, size_t nlen)
 {
 	for (int i = 0; i < n; i++)
-		if (strcmp(v[i].name, name) == 0)
+		if (v[i].nlen == nlen && memcmp(v[i].name, name, nlen) == 0)
 			return i;
 	return -1;
 }
 
-static void tv_remove(struct tv_val *v, int *n, const char *name)
+static void tv_remove(struct tv_val *v, int *n, const char *name, size_t nlen)
 {
-	int i = tv_find(v, *n, name);
+	int i = tv_find(v, *n, name, nlen);
 
-	if (i < 0)
-		return;
-	free(v[i].name);
-	free(v[i].value);
-	v[i] = v[--*n];
+	if (i >= 0)
+		tv_swap(&v[i], &v[--*n]);
 }
 
 /* Any other query of the pooler may change anything: forget all. */
@@ -1549,50 +1676,61 @@ static void tv_answered(struct tvars *t, bool inl, uint32_t seq, bool ok)
 	if (t->np && t->p[0].inl == inl && t->p[0].seq == seq) {
 		for (int i = 0; ok && i < t->p[0].n; i++) {
 			struct tv_val *pv = &t->p[0].v[i];
-			int k = tv_find(t->v, t->n, pv->name);
-			if (k < 0 && t->n < TV_MAX) {
+			int k = tv_find(t->v, t->n, pv->name, pv->nlen);
+			if (k < 0 && t->n < TV_MAX)
 				k = t->n++;
-				t->v[k].name = pv->name;
-				t->v[k].value = NULL;
-				pv->name = NULL;
-			}
-			if (k >= 0) {
-				free(t->v[k].value);
-				t->v[k].value = pv->value;
-				pv->value = NULL;
-			}
+			if (k >= 0)
+				tv_swap(&t->v[k], pv);	/* pv goes with the entry (tv_pop) */
 		}
 		tv_pop(t);
 	}
 }
 
-static bool tv_text_ok(const char *v, size_t max)
-{
-	size_t n = 0;
+/* Characters that end tv_text_len's scan: the NUL, the others refused. */
+static const bool tv_stop[256] = {
+	[0x00] = 1, [0x01] = 1, [0x02] = 1, [0x03] = 1, [0x04] = 1, [0x05] = 1, [0x06] = 1, [0x07] = 1,
+	[0x08] = 1, [0x09] = 1, [0x0a] = 1, [0x0b] = 1, [0x0c] = 1, [0x0d] = 1, [0x0e] = 1, [0x0f] = 1,
+	[0x10] = 1, [0x11] = 1, [0x12] = 1, [0x13] = 1, [0x14] = 1, [0x15] = 1, [0x16] = 1, [0x17] = 1,
+	[0x18] = 1, [0x19] = 1, [0x1a] = 1, [0x1b] = 1, [0x1c] = 1, [0x1d] = 1, [0x1e] = 1, [0x1f] = 1,
+	['\\'] = 1,
+};
 
-	for (; v[n]; n++)
-		if ((unsigned char)v[n] < 0x20 || v[n] == '\\')
-			return false;
-	return n <= max;
+/* The length of v, or -1 when it is longer than max or has a control character or a backslash. */
+static int tv_text_len(const char *v, size_t max)
+{
+	const unsigned char *p = (const unsigned char *)v;
+
+	while (!tv_stop[*p])
+		p++;
+	if (*p || (size_t)(p - (const unsigned char *)v) > max)
+		return -1;
+	return (int)(p - (const unsigned char *)v);
 }
 
 static int api_query_set_var(lk_event *ev, const char *name, const char *value)
 {
-	int i;
+	struct ev_vars *x = ev->vars;
+	int i, nlen, vlen = 0;
 
-	if (ev->hook != LK_HOOK_QUERY || !name || !*name || !tv_text_ok(name, 63) ||
-	    (value && !tv_text_ok(value, 255)))
+	if (ev->hook != LK_HOOK_QUERY || !name || !*name || (nlen = tv_text_len(name, EV_VAR_NAME - 1)) < 0 ||
+	    (value && (vlen = tv_text_len(value, EV_VAR_VALUE - 1)) < 0))
 		return -1;
-	for (i = 0; i < ev->n_vars && strcmp(ev->var_name[i], name) != 0; i++)
+	for (i = 0; i < ev->n_vars && (x->nlen[i] != nlen || memcmp(x->name[i], name, (size_t)nlen) != 0); i++)
 		;
 	if (i == TV_MAX)
 		return -1;
 	if (i == ev->n_vars) {
-		ev->var_name[i] = xstrdup(name);
-		ev->var_value[i] = NULL;
+		if (!x)
+			x = ev->vars = xmalloc(sizeof(*x));
+		memcpy(x->name[i], name, (size_t)nlen + 1);
+		x->nlen[i] = (uint8_t)nlen;
 		ev->n_vars++;
 	}
-	set_str(&ev->var_value[i], value);
+	x->has[i] = value != NULL;
+	if (value) {
+		memcpy(x->value[i], value, (size_t)vlen + 1);
+		x->vlen[i] = (uint16_t)vlen;
+	}
 	return i;
 }
 
@@ -1614,19 +1752,30 @@ static int api_query_on_vars(lk_plugin *self, lk_event *ev, lk_vars_fn fn, void 
 	return 0;
 }
 
-/* 'text' with quotes doubled (the text has no backslash, see tv_text_ok). */
-static void put_literal(char *buf, size_t cap, size_t *o, const char *text)
+/* Append n bytes at buf + *o (the caller sized buf: see TV_SQL_ONE). */
+static inline void put_bytes(char *buf, size_t *o, const char *s, size_t n)
 {
-	if (*o + 1 < cap)
+	memcpy(buf + *o, s, n);
+	*o += n;
+}
+
+#define PUT_STR(buf, o, lit) put_bytes(buf, o, lit, sizeof(lit) - 1)
+
+/* 'text' with quotes doubled (the text has no backslash, see tv_text_len). */
+static void put_literal(char *buf, size_t *o, const char *text, size_t len)
+{
+	const char *q;
+
+	buf[(*o)++] = '\'';
+	while ((q = memchr(text, '\'', len))) {
+		size_t k = (size_t)(q - text) + 1;
+		put_bytes(buf, o, text, k);
 		buf[(*o)++] = '\'';
-	for (; *text && *o + 3 < cap; text++) {
-		if (*text == '\'')
-			buf[(*o)++] = '\'';
-		buf[(*o)++] = *text;
+		text += k;
+		len -= k;
 	}
-	if (*o + 1 < cap)
-		buf[(*o)++] = '\'';
-	buf[*o] = 0;
+	put_bytes(buf, o, text, len);
+	buf[(*o)++] = '\'';
 }
 
 static int api_query_vars_inline(lk_event *ev)
@@ -1665,30 +1814,44 @@ static bool tv_ascii(const char *v)
 }
 
 /* A value sent again: what was known or in flight for it no longer holds. */
-static void tv_superseded(struct tvars *t, const char *name)
+static void tv_superseded(struct tvars *t, const char *name, size_t nlen)
 {
 	int k = 0;
 
-	tv_remove(t->v, &t->n, name);
+	tv_remove(t->v, &t->n, name, nlen);
 	for (int j = 0; j < t->np; j++) {
-		tv_remove(t->p[j].v, &t->p[j].n, name);
-		if (t->p[j].n)		/* an entry left with nothing to record goes */
-			t->p[k++] = t->p[j];
+		tv_remove(t->p[j].v, &t->p[j].n, name, nlen);
+		if (t->p[j].n) {	/* an entry left with nothing to record goes (after np) */
+			if (k != j) {
+				struct tv_pend x = t->p[k];
+				t->p[k] = t->p[j];
+				t->p[j] = x;
+			}
+			k++;
+		}
 	}
 	t->np = k;
 }
+
+/*
+ * The most one value takes in the statement plugin_query_send_vars builds:
+ * `, set_config('name', 'value', false)` with every character of the name
+ * (63) and of the value (255) a quote, doubled; `; SET name = 'value'; ` is
+ * shorter.
+ */
+#define TV_SQL_ONE (2 + 11 + (2 * (EV_VAR_NAME - 1) + 2) + 2 + (2 * (EV_VAR_VALUE - 1) + 2) + 8)
 
 /*
  * The client has its server now: send the query_set_var values that server
  * is not known to have, in one hidden Query (`SET a = 'x'; SET b = 'y'`, or
  * set_config() for names SET cannot take as written) or, for a Query whose
  * plugin allowed it (query_vars_inline), in front of the message itself
- * (ev->inline_sql, see plugin_query_build); and tell the plugins what was
- * done.
+ * (ev->inl, see plugin_query_build); and tell the plugins what was done.
  */
 void plugin_query_send_vars(struct client *c, struct lk_event *ev)
 {
 	struct server *s = c->link;
+	struct ev_vars *x = ev->vars;
 	struct tvars *t;
 	unsigned want = 0;
 	int outcome = LK_VARS_KNOWN;
@@ -1700,12 +1863,12 @@ void plugin_query_send_vars(struct client *c, struct lk_event *ev)
 	t = s->tvars;
 	for (int i = 0; i < ev->n_vars; i++) {
 		int k;
-		if (!ev->var_value[i]) {	/* the message changes it: forget, also in flight */
-			tv_superseded(t, ev->var_name[i]);
+		if (!x->has[i]) {	/* the message changes it: forget, also in flight */
+			tv_superseded(t, x->name[i], x->nlen[i]);
 			continue;
 		}
-		k = tv_find(t->v, t->n, ev->var_name[i]);
-		if (k < 0 || strcmp(t->v[k].value, ev->var_value[i]) != 0)
+		k = tv_find(t->v, t->n, x->name[i], x->nlen[i]);
+		if (k < 0 || t->v[k].vlen != x->vlen[i] || memcmp(t->v[k].value, x->value[i], x->vlen[i]) != 0)
 			want |= 1u << i;
 	}
 	if (want && ev->qtype == 'Q' && ev->vars_inline) {
@@ -1715,43 +1878,55 @@ void plugin_query_send_vars(struct client *c, struct lk_event *ev)
 		want = 0;
 	}
 	if (want) {
-		char sql[TV_MAX * 360 + 16];
+		char sql[TV_MAX * TV_SQL_ONE + 16];
 		bool set_form = true, inl = ev->qtype == 'Q' && ev->vars_inline;
 		size_t o = 0;
-		int np;
+		int np, nwant = 0;
 		for (int i = 0; i < ev->n_vars; i++) {
 			if (!(want & (1u << i)))
 				continue;
-			if (!tv_set_name(ev->var_name[i]))
+			if (!tv_set_name(x->name[i]))
 				set_form = inl = false;
-			if (!tv_ascii(ev->var_value[i]))
+			if (!tv_ascii(x->value[i]))
 				inl = false;
 		}
 		if (!set_form)
-			o = (size_t)snprintf(sql, sizeof(sql), "SELECT ");
-		sql[o] = 0;
+			PUT_STR(sql, &o, "SELECT ");
 		for (int i = 0; i < ev->n_vars; i++) {
 			if (!(want & (1u << i)))
 				continue;
 			if (set_form) {
-				o += (size_t)snprintf(sql + o, sizeof(sql) - o, "%sSET %s = ", o && !inl ? "; " : "",
-						      ev->var_name[i]);
-				put_literal(sql, sizeof(sql), &o, ev->var_value[i]);
+				if (o && !inl)
+					PUT_STR(sql, &o, "; ");
+				PUT_STR(sql, &o, "SET ");
+				put_bytes(sql, &o, x->name[i], x->nlen[i]);
+				PUT_STR(sql, &o, " = ");
+				put_literal(sql, &o, x->value[i], x->vlen[i]);
 				if (inl)
-					o += (size_t)snprintf(sql + o, sizeof(sql) - o, "; ");
+					PUT_STR(sql, &o, "; ");
 			} else {
-				o += (size_t)snprintf(sql + o, sizeof(sql) - o, "%sset_config(", o > 7 ? ", " : "");
-				put_literal(sql, sizeof(sql), &o, ev->var_name[i]);
-				o += (size_t)snprintf(sql + o, sizeof(sql) - o, ", ");
-				put_literal(sql, sizeof(sql), &o, ev->var_value[i]);
-				o += (size_t)snprintf(sql + o, sizeof(sql) - o, ", false)");
+				if (o > 7)
+					PUT_STR(sql, &o, ", ");
+				PUT_STR(sql, &o, "set_config(");
+				put_literal(sql, &o, x->name[i], x->nlen[i]);
+				PUT_STR(sql, &o, ", ");
+				put_literal(sql, &o, x->value[i], x->vlen[i]);
+				PUT_STR(sql, &o, ", false)");
 			}
-			tv_superseded(t, ev->var_name[i]);
+			tv_superseded(t, x->name[i], x->nlen[i]);
+			nwant++;
 		}
+		sql[o] = 0;
 		np = t->np < TV_PEND ? t->np : -1;
 		if (inl) {
-			set_str(&ev->inline_sql, sql);
-			ev->inline_n = __builtin_popcount(want);
+			if (ev->inl_cap < o + 1) {
+				free(ev->inl);
+				ev->inl_cap = o + 1 > 256 ? o + 1 : 256;
+				ev->inl = xmalloc(ev->inl_cap);
+			}
+			memcpy(ev->inl, sql, o + 1);
+			ev->inline_len = o;
+			ev->inline_n = nwant;
 			t->isent++;
 		} else {
 			t->ours = true;
@@ -1759,15 +1934,14 @@ void plugin_query_send_vars(struct client *c, struct lk_event *ev)
 			t->ours = false;
 		}
 		if (np >= 0) {		/* remembered when it is answered (else: not tracked) */
-			t->p[np].seq = inl ? t->isent : t->sent;
-			t->p[np].inl = inl;
-			t->p[np].n = 0;
+			struct tv_pend *pe = &t->p[np];
+			pe->seq = inl ? t->isent : t->sent;
+			pe->inl = inl;
+			pe->n = 0;
 			for (int i = 0; i < ev->n_vars; i++) {
 				if (!(want & (1u << i)))
 					continue;
-				t->p[np].v[t->p[np].n].name = xstrdup(ev->var_name[i]);
-				t->p[np].v[t->p[np].n].value = xstrdup(ev->var_value[i]);
-				t->p[np].n++;
+				tv_fill(&pe->v[pe->n++], x->name[i], x->nlen[i], x->value[i], x->vlen[i]);
 			}
 			t->np++;
 		}
@@ -1902,15 +2076,15 @@ bool plugin_query_build(struct client *c, struct lk_event *ev, struct pktbuf *pb
 	bool changed = false;
 	switch (ev->qtype) {
 	case 'Q':
-		if (ev->inline_sql) {
+		if (ev->inline_len) {
 			/* the values in front (plugin_query_send_vars); the reply queue's
 			 * item of this Query (note_sent_to_server) hides their replies */
 			struct server *s = c->link;
 			struct rq_item *it = s && s->rq.count ? rq_at(&s->rq, s->rq.count - 1) : NULL;
 			const char *text = ev->new_sql ? ev->new_sql : ev->sql;
-			size_t n = strlen(ev->inline_sql);
+			size_t n = ev->inline_len;
 			pkt_begin(pb, 'Q');
-			pkt_put_bytes(pb, ev->inline_sql, n);
+			pkt_put_bytes(pb, ev->inl, n);
 			pkt_put_string(pb, text);
 			pkt_end(pb);
 			if (it && it->type == 'Q') {

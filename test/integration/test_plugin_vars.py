@@ -1,0 +1,113 @@
+# SPDX-License-Identifier: ISC
+"""query_set_var / query_on_vars / query_vars_inline (plugin ABI 1.5, 1.7)
+with the test plugin t_vars: the values a plugin asks for reach the server
+(quotes doubled, the longest values, several per statement, the set_config
+form for names SET cannot take as written, non-ASCII values), the core
+knows which values a server has, forgets them when told, and refuses what
+the API refuses. The statement itself reads the values with current_setting()."""
+
+import os
+
+import pytest
+
+from lokadb_harness import HERE
+
+PLUGIN_DIR = os.environ.get("LOKADB_TEST_PLUGIN_DIR") or str(
+    (HERE / "../../build/rel/test-plugins").resolve())
+
+SENT, KNOWN = 1, 0
+
+
+@pytest.fixture
+def b(bouncer_factory):
+    return bouncer_factory(settings={"plugin_dir": PLUGIN_DIR, "plugins": "t_vars", "pool_mode": "session"})
+
+
+def last_vars(b):
+    (row,) = b.admin("SHOW T_VARS")
+    return int(row[0]), int(row[1]), int(row[2])
+
+
+def settings(w, items, names, tail=""):
+    cols = ", ".join(f"current_setting('{n}', true)" for n in names)
+    return tuple(w.query(f"/*vars {'|'.join(items)} */ SELECT {cols}{tail}").rows[0])
+
+
+def test_values_with_quotes_hidden_then_known_then_inline(b):
+    w = b.login()
+    assert settings(w, ["t.a=it's", "t.b=@q3"], ["t.a", "t.b"]) == ("it's", "'''")
+    assert last_vars(b)[:2] == (SENT, 0b11)
+    # the same values again: the server is known to have them
+    assert settings(w, ["t.a=it's", "t.b=@q3"], ["t.a", "t.b"]) == ("it's", "'''")
+    assert last_vars(b)[:2] == (KNOWN, 0)
+    # in front of the Query: only the value that changed goes
+    assert settings(w, ["inline", "t.a=o''k", "t.b=@q3"], ["t.a", "t.b"]) == ("o''k", "'''")
+    assert last_vars(b)[:2] == (SENT, 0b01)
+    assert settings(w, ["t.a=o''k", "t.b=@q3"], ["t.a", "t.b"]) == ("o''k", "'''")
+    assert last_vars(b)[:2] == (KNOWN, 0)
+    res = w.query("SELECT 1")      # no values: the client sees no trace of the prefixes
+    assert [tuple(r) for r in res.rows] == [("1",)] and res.tags == ["SELECT 1"]
+
+
+def test_several_values_set_config_form_and_non_ascii(b):
+    w = b.login()
+    names = ["t.a", "t.mixed", "t.c", "t.d"]
+    # t.Mixed cannot go in a SET as written, é not inline: one hidden SELECT set_config(...)
+    got = settings(w, ["inline", "t.a=1", "t.Mixed=two's", "t.c=@u", "t.d="], names)
+    assert got == ("1", "two's", "\u00e9", "")
+    assert last_vars(b)[:2] == (SENT, 0b1111)
+    got = settings(w, ["t.a=1", "t.Mixed=two's", "t.c=@u", "t.d="], names)
+    assert got == ("1", "two's", "\u00e9", "")
+    assert last_vars(b)[:2] == (KNOWN, 0)
+    # a name given twice keeps its number; the last value wins
+    assert settings(w, ["t.a=x", "t.a=y", "t.c=@u"], ["t.a", "t.c"]) == ("y", "\u00e9")
+    assert last_vars(b)[:2] == (SENT, 0b01)
+
+
+def test_the_longest_values_and_what_is_refused(b):
+    w = b.login()
+    # eight names (the most), each value 255 quotes, in the set_config form: the longest prefix
+    names = [f"t.V{i}_" + "x" * (59 - len(str(i))) for i in range(8)]
+    assert all(len(n) == 63 for n in names)
+    got = settings(w, [f"{n}=@q255" for n in names], [n.lower() for n in names])
+    assert got == ("'" * 255,) * 8
+    assert last_vars(b)[:2] == (SENT, 0xFF)
+    # the same, inline-able names (SET form)
+    names = [f"t.v{i}" for i in range(8)]
+    got = settings(w, ["inline"] + [f"{n}=@q255" for n in names], names)
+    assert got == ("'" * 255,) * 8
+    assert last_vars(b)[:2] == (SENT, 0xFF)
+
+    def refused(items, name):
+        res = w.query(f"/*vars {'|'.join(items)} */ SELECT 1", raise_error=False)
+        assert res.error is not None and res.error.sqlstate == "22023", res.messages
+        assert res.error.message == f"t_vars: query_set_var refused {name}"
+
+    refused(["t.long=@a256"], "t.long")
+    refused(["t." + "n" * 62 + "=1"], "t." + "n" * 62)
+    refused([f"t.w{i}=1" for i in range(9)], "t.w8")
+    refused(["t.bs=a\\b"], "t.bs")
+    # the client goes on; a value of 255 letters is fine
+    assert settings(w, ["t.long=@a255"], ["t.long"]) == ("a" * 255,)
+
+
+def test_a_value_the_statement_changes_is_forgotten(b):
+    w = b.login()
+    assert settings(w, ["t.a=1"], ["t.a"]) == ("1",)
+    assert last_vars(b)[:2] == (SENT, 1)
+    w.query("/*vars t.a */ SET t.a = 'changed'")
+    assert last_vars(b)[:2] == (KNOWN, 0)
+    assert settings(w, ["t.a=1"], ["t.a"]) == ("1",)
+    assert last_vars(b)[:2] == (SENT, 1)
+
+
+def test_a_failed_inline_statement_leaves_the_value_unknown(b):
+    w = b.login()
+    res = w.query("/*vars inline|t.a=5 */ SELECT 1/0", raise_error=False)
+    assert res.error is not None and res.error.sqlstate == "22012"
+    assert last_vars(b)[:2] == (SENT, 1)
+    # rolled back with the statement: sent again
+    assert settings(w, ["inline", "t.a=5"], ["t.a"]) == ("5",)
+    assert last_vars(b)[:2] == (SENT, 1)
+    assert settings(w, ["inline", "t.a=5"], ["t.a"]) == ("5",)
+    assert last_vars(b)[:2] == (KNOWN, 0)
