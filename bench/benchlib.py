@@ -818,11 +818,30 @@ def rotate(lst, n):
     return lst[n:] + lst[:n]
 
 
+def round_order(targets, idx, r):
+    """The order of the targets in round r (-1: the warm-up) of row idx.
+
+    What a run leaves behind (tens of thousands of TIME_WAIT sockets after a
+    connect-per-request run, dirty pages after updates) slows the run right
+    after it, so every target must follow every other one equally often.
+    Two targets alternate (A B, B A, A B, ...: each follows the other, and
+    itself, equally often). With three or more, the first target (the
+    reference: direct, plugins off) stays first and the others run in order
+    and reversed in turn: D A B, D B A, ... makes A and B follow D, each
+    other and D follow each of them equally often over two rounds (a plain
+    rotation D A B, A B D, B D A put B right after A in two rounds of three).
+    Rows start on alternate orders, so an odd number of rounds evens out over
+    the rows of a suite."""
+    if len(targets) <= 2:
+        return rotate(targets, idx + r)
+    rest = targets[1:]
+    return [targets[0]] + (rest if (idx + r) % 2 == 0 else rest[::-1])
+
+
 def run_rounds(targets, idx, warmup, seconds, rounds, cells, run_one, down, prefix, log_round):
     """One row: a warm-up run per target, then `rounds` measured rounds of
-    split_seconds(seconds, rounds), the targets in an order rotated from row
-    to row (idx) and round to round, so that no target always runs first (on
-    a cold cache) or last.
+    split_seconds(seconds, rounds), the targets in round_order(), so that
+    each target runs as often right after each other one.
 
     run_one(target, seconds, logprefix, label) -> result or None (failed);
     down(target): the target is down (its failed warm-up is not an error of
@@ -830,11 +849,11 @@ def run_rounds(targets, idx, warmup, seconds, rounds, cells, run_one, down, pref
     round, result, sorted latencies) logs a measured round. Failures go to
     cells[target].errors; later rounds skip a failed cell."""
     if warmup > 0:
-        for t in rotate(targets, idx):
+        for t in round_order(targets, idx, -1):
             if run_one(t, warmup, None, "warm-up") is None and not down(t):
                 cells[t].errors.append("warm-up failed")
     for r, secs in enumerate(split_seconds(seconds, rounds)):
-        for t in rotate(targets, idx + r):
+        for t in round_order(targets, idx, r):
             if cells[t].errors:
                 continue
             res = run_one(t, secs, str(prefix(t, r)), f"round {r + 1}/{rounds}")
