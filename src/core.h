@@ -55,6 +55,7 @@
 #define JANITOR_PERIOD_USEC 200000
 #define CLIENT_STRS 128		/* bytes of a client's user, dbname and secret kept without malloc */
 #define AFF_SLOTS 32			/* affinity keys a server remembers at most */
+#define AFF_KNOWN_MAX 4096		/* keys a server remembers having served (a power of 2) */
 
 /* ParameterStatus values the pooler keeps equal between client and server. */
 enum var_id { VAR_CLIENT_ENCODING, VAR_DATESTYLE, VAR_TIMEZONE, VAR_STD_STRINGS, VAR_APPNAME, VAR_INTERVALSTYLE, VAR_COUNT };
@@ -271,6 +272,8 @@ struct server {
 	struct lk_connect *conn_req;	/* plugin transport connect in progress */
 	uint64_t aff[AFF_SLOTS];	/* affinity keys of the clients it served, oldest first */
 	uint8_t n_aff;
+	uint32_t known_cap, known_n;	/* every affinity key it served (up to AFF_KNOWN_MAX): */
+	uint64_t *known;		/* its backend has their partitions open (open addressing, 0 = free) */
 	int home;			/* its index in the pool (0, 1, ...): affinity keys assigned to it are at home on it */
 	struct tvars *tvars;		/* session values plugins asked for (query_set_var), plugin.c */
 };

@@ -431,12 +431,55 @@ static bool server_usable(const struct server *s)
 	return !cf->server_check_query || s->checked || rt->now - s->last_used < cf->server_check_delay;
 }
 
+static uint64_t aff_mix(uint64_t k);
+
+/* Has s served key, lately (aff[]) or ever (known, while there was room)? */
 static bool server_has_key(const struct server *s, uint64_t key)
 {
 	for (int i = 0; i < s->n_aff; i++)
 		if (s->aff[i] == key)
 			return true;
-	return false;
+	if (s->known_n == 0)
+		return false;
+	for (uint32_t i = (uint32_t)aff_mix(key) & (s->known_cap - 1);; i = (i + 1) & (s->known_cap - 1)) {
+		if (s->known[i] == key)
+			return true;
+		if (!s->known[i])
+			return false;
+	}
+}
+
+/*
+ * Remember that s served key: its backend has opened the key's partitions,
+ * so another statement of that key costs it nothing new (waiting_for,
+ * idle_server_for). Up to AFF_KNOWN_MAX keys; beyond, only aff[] says.
+ */
+static void server_know_key(struct server *s, uint64_t key)
+{
+	uint32_t i;
+
+	if ((s->known_n + 1) * 2 > s->known_cap) {
+		uint32_t cap = s->known_cap ? s->known_cap * 2 : 64;
+		uint64_t *old = s->known, *nk;
+
+		if (cap > AFF_KNOWN_MAX || !(nk = calloc(cap, sizeof(*nk))))
+			return;
+		for (uint32_t j = 0; j < s->known_cap; j++) {
+			if (!old[j])
+				continue;
+			for (i = (uint32_t)aff_mix(old[j]) & (cap - 1); nk[i]; i = (i + 1) & (cap - 1))
+				;
+			nk[i] = old[j];
+		}
+		free(old);
+		s->known = nk;
+		s->known_cap = cap;
+	}
+	for (i = (uint32_t)aff_mix(key) & (s->known_cap - 1); s->known[i]; i = (i + 1) & (s->known_cap - 1))
+		if (s->known[i] == key)
+			return;
+	s->known[i] = key;
+	s->known_n++;
 }
 
 /*
@@ -634,8 +677,9 @@ static bool may_leave_home(struct pool *p, const struct client *head, int crowd,
 /*
  * An idle server for a client that does not wait yet. With an affinity key
  * (a plugin's, e.g. the organization): the key's home server, else one that
- * served the key lately; if the home server is open but busy, NULL and
- * *hold: the client waits for it (may_leave_home, pool_activate).
+ * served the key before (server_has_key); if the home server is open but
+ * busy, NULL and *hold: the client waits for it (may_leave_home,
+ * pool_activate).
  */
 static struct server *idle_server_for(struct pool *p, struct client *c, bool *hold)
 {
@@ -667,8 +711,8 @@ static struct server *idle_server_for(struct pool *p, struct client *c, bool *ho
 /*
  * The waiting client an idle server s takes: the first of the next AFF_SCAN
  * whose key is at home on s or who has no key, else the first s served
- * lately, else the oldest if it may leave its home (may_leave_home), else
- * nobody: s stays idle for a client of its own.
+ * before (server_has_key), else the oldest if it may leave its home
+ * (may_leave_home), else nobody: s stays idle for a client of its own.
  */
 static struct client *waiting_for(struct pool *p, struct server *s)
 {
@@ -724,8 +768,10 @@ static void server_note_key(struct server *s, uint64_t key, int max)
 {
 	if (max < 1 || max > AFF_SLOTS)
 		max = AFF_SLOTS;
-	if (server_has_key(s, key))
-		return;
+	for (int i = 0; i < s->n_aff; i++)
+		if (s->aff[i] == key)
+			return;
+	server_know_key(s, key);
 	while (s->n_aff >= max) {
 		memmove(s->aff, s->aff + 1, sizeof(s->aff[0]) * (size_t)(s->n_aff - 1));
 		s->n_aff--;

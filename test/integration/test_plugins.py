@@ -875,6 +875,46 @@ def test_affinity_a_client_waiting_for_its_busy_home_takes_another_server_soon(b
         c.close()
 
 
+def test_affinity_a_free_server_goes_first_to_a_waiting_key_it_served_before(bouncer_factory):
+    """A server remembers only its last key as recent (affinity_max 1) but
+    knows every key it ever served: its backend has that key's partitions
+    open already, so a waiting client of such a key takes it before an older
+    waiting client whose key it never served (whose statement would make the
+    backend open more partitions)."""
+    b = hooks(bouncer_factory, {"affinity_max": "1"},
+              settings={"pool_mode": "transaction", "default_pool_size": 3})
+    seen = _pids_by_app(b, ["org-a", "org-b", "org-c"], 1)
+    pid = {a: v[0] for a, v in seen.items()}
+    assert len(set(pid.values())) == 3, seen
+    hold = {a: b.connect("p0", "pooluser1", application_name=a) for a in ("org-a", "org-b")}
+    for a, c in hold.items():
+        c.execute("begin")
+        assert c.execute("select pg_backend_pid()").fetchone()[0] == pid[a]
+    # nobody waits: another org-a client takes the idle server, org-c's home
+    with b.connect("p0", "pooluser1", application_name="org-a") as a1:
+        assert a1.execute("select pg_backend_pid()").fetchone()[0] == pid["org-c"]
+    # org-c's server serves org-c again: org-a is no longer its recent key
+    hold["org-c"] = b.connect("p0", "pooluser1", application_name="org-c")
+    hold["org-c"].execute("begin")
+    assert hold["org-c"].execute("select pg_backend_pid()").fetchone()[0] == pid["org-c"]
+    b2 = b.login("p0", "pooluser1", params={"application_name": "org-b"})
+    a2 = b.login("p0", "pooluser1", params={"application_name": "org-a"})
+    b2.send_msg(b"Q", b"select pg_backend_pid()\0")
+    wait_until(lambda: _waiting(b) == 1, 5 * SLOW, what="org-b's second client waiting")
+    a2.send_msg(b"Q", b"begin; select pg_backend_pid()\0")    # keeps the server it gets
+    wait_until(lambda: _waiting(b) == 2, 5 * SLOW, what="two clients waiting")
+    time.sleep(0.05)        # org-b's home has served one client 10 ms: org-b may leave it
+    hold["org-c"].execute("commit")                 # org-c's server is idle now
+    assert a2.read_until_ready(timeout=5).rows == [[str(pid["org-c"])]]
+    assert _waiting(b) == 1                         # the older org-b client still waits
+    assert a2.query("commit").error is None
+    # then it takes the server, alone in the queue
+    assert b2.read_until_ready(timeout=5).rows == [[str(pid["org-c"])]]
+    for c in hold.values():
+        c.execute("commit")
+        c.close()
+
+
 # ------------------------------------------------------------------ ROUTE --
 
 def test_route_hook_picks_the_pool_of_another_database(bouncer_factory):
