@@ -322,7 +322,8 @@ struct pool {
 	uint8_t scram_keys[64];		/* a client's ClientKey + ServerKey for login_password */
 	bool has_scram_keys;
 	struct aff_map *aff;		/* affinity keys -> home index (pool.c); NULL until a key comes */
-	uint64_t aff_home_count, aff_away_count;	/* clients with a key given their home server / another */
+	uint64_t aff_home_count, aff_known_count, aff_away_count;	/* clients with a key given their home server,
+								 * another that served the key before, another */
 };
 
 TAILQ_HEAD(db_list, lk_db);

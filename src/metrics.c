@@ -201,11 +201,14 @@ static void write_pools(struct evbuffer *out)
 	}
 	family(out, "lokadb_pools_affinity_assignments_total", true,
 	       "Servers given to clients with an affinity key (a plugin's, e.g. org_routing's organization): "
-	       "placement=\"home\" the key's home server, \"away\" another one.");
+	       "placement=\"home\" the key's home server, \"known\" another one that served the key before, "
+	       "\"away\" another one that had not.");
 	for (struct pool *p = TAILQ_FIRST(&rt->pools); p; p = TAILQ_NEXT(p, entry)) {
 		const char *home[] = { "database", p->db->name, "user", p->user, "placement", "home", NULL };
+		const char *known[] = { "database", p->db->name, "user", p->user, "placement", "known", NULL };
 		const char *away[] = { "database", p->db->name, "user", p->user, "placement", "away", NULL };
 		sample(out, "lokadb_pools_affinity_assignments_total", home, (double)p->aff_home_count);
+		sample(out, "lokadb_pools_affinity_assignments_total", known, (double)p->aff_known_count);
 		sample(out, "lokadb_pools_affinity_assignments_total", away, (double)p->aff_away_count);
 	}
 }

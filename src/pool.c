@@ -303,6 +303,7 @@ static void sync_vars(struct client *c, struct server *s)
 }
 
 static void server_note_key(struct server *s, uint64_t key, int max);
+static bool server_has_key(const struct server *s, uint64_t key);
 static int key_home(struct pool *p, uint64_t key, int size);
 
 static void pool_link(struct client *c, struct server *s)
@@ -318,6 +319,8 @@ static void pool_link(struct client *c, struct server *s)
 	if (c->affinity) {
 		if (key_home(c->pool, c->affinity, pool_size_of(c->pool)) == s->home)
 			c->pool->aff_home_count++;
+		else if (server_has_key(s, c->affinity))
+			c->pool->aff_known_count++;
 		else
 			c->pool->aff_away_count++;
 		server_note_key(s, c->affinity, c->aff_max);

@@ -728,12 +728,13 @@ static bool complete_head(struct server *s, struct evbuffer *in, const uint8_t *
 }
 
 /*
- * An error of a client Query that had `shift` characters put in front of its
- * text (query_vars_inline): the client gets it with the position (P) where
- * it is in its own text. false: no position to move (forward it as is).
+ * An error or notice (type) of a client Query that had `shift` characters put
+ * in front of its text (query_vars_inline): the client gets it with the
+ * position (P) where it is in its own text. false: no position to move
+ * (forward it as is).
  */
-static bool shift_error_position(struct server *s, struct evbuffer *in, const uint8_t *body, uint32_t len,
-				 uint32_t shift)
+static bool shift_position(struct server *s, struct evbuffer *in, char type, const uint8_t *body, uint32_t len,
+			   uint32_t shift)
 {
 	const char *p = (const char *)body, *end = (const char *)body + len, *pos = NULL;
 	struct client *c = s->link;
@@ -751,7 +752,7 @@ static bool shift_error_position(struct server *s, struct evbuffer *in, const ui
 	if (!pos || (v = strtol(pos, NULL, 10)) <= (long)shift)
 		return false;	/* none, or in the SETs (cannot be: forwarded as is) */
 	pkt_init(&pb);
-	pkt_begin(&pb, 'E');
+	pkt_begin(&pb, (uint8_t)type);
 	for (p = (const char *)body; p < end && *p; p += strlen(p + 1) + 2) {
 		pkt_put_byte(&pb, (uint8_t)*p);
 		if (p + 1 == pos) {
@@ -803,7 +804,7 @@ static bool inspect_message(struct server *s, struct evbuffer *in, const uint8_t
 		if (head && head->type == 'Q' && head->vars) {
 			head->hide_cc = 0;	/* the Query stops here: no SET's reply comes after */
 			head->vars_err = true;
-			if (head->shift && shift_error_position(s, in, body, len - 4, head->shift))
+			if (head->shift && shift_position(s, in, type, body, len - 4, head->shift))
 				return true;
 		}
 		/* after an extended-protocol message PostgreSQL skips the batch up to its
@@ -812,6 +813,9 @@ static bool inspect_message(struct server *s, struct evbuffer *in, const uint8_t
 		 * one goes on when decided, and the server skips it) */
 		if (head && !owes_rfq(head->type) && !rq_discard_batch(s) && s->link && !s->link->qev)
 			s->link->skip_to_sync = true;
+	} else if (type == 'N') {	/* server_message: a notice of a Query with values in front */
+		if (shift_position(s, in, type, body, len - 4, rq_head(&s->rq)->shift))
+			return true;
 	}
 	move_bytes(s, in, len + 1);
 	return true;
@@ -888,6 +892,12 @@ static bool server_message(struct server *s, struct evbuffer *in)
 	case 'E':
 		batch_flush(s, in);
 		return inspect_message(s, in, hdr, len);
+	case 'N':	/* a warning's position, like an error's (inspect_message) */
+		if (head && head->type == 'Q' && head->vars && head->shift && !s->fwd_hidden) {
+			batch_flush(s, in);
+			return inspect_message(s, in, hdr, len);
+		}
+		break;
 	default:
 		break;
 	}

@@ -446,8 +446,9 @@ struct lk_api {
 	 * lacks then go in the same Query, in front of the statement
 	 * (`SET name = 'value'; ` ... then the client's text): one statement
 	 * less for PostgreSQL and one reply less for the pooler. The core hides
-	 * their CommandCompletes and moves the position of an error back by the
-	 * prefix's length, so the client sees what it would without them; if the
+	 * their CommandCompletes and moves the position of an error or a
+	 * notice back by the prefix's length, so the client sees what it would
+	 * without them; if the
 	 * statement fails, the values are rolled back with it (the core then
 	 * does not take them as known). Names must be SQL identifiers
 	 * (`lokadb.org`) and values printable ASCII, else the values go in a

@@ -1373,6 +1373,28 @@ def test_an_error_of_a_statement_with_values_in_front_is_reported_as_without(rou
             w.query("SELECT 1 FROM documents WHERE organization_id = 1")    # the next one needs them again
 
 
+def test_a_warning_of_a_statement_with_values_in_front_points_into_the_client_text(router, app):
+    """A warning with a position (PostgreSQL's nonstandard-escape warning) is
+    given like an error: with the position in the client's own text, not in
+    the text with the SETs in front."""
+    b = router(settings={"pool_mode": "transaction", "default_pool_size": 1})
+    w = b.login("app", USER)
+    stmt = "SELECT count(*), 'a\\b' FROM documents WHERE organization_id = 3"
+    with Wire(port=app.port, timeout=10 * SLOW) as d:
+        d.login(USER, APP_DB)
+        d.query("SET standard_conforming_strings = off")
+        want = _wire_reply(d, stmt)
+    w.query("SET standard_conforming_strings = off")
+    st0 = stats(b)
+    got = _wire_reply(w, stmt)
+    assert stats(b)["prefixes"] - st0["prefixes"] == 1, got          # it had the SETs in front
+    assert [t for t, _ in got] == [t for t, _ in want], (got, want)
+    notes = [(g, x) for (t, g), (_, x) in zip(got, want) if t == "N"]
+    assert len(notes) == 1 and int(notes[0][1]["P"]) > 0, want
+    for k in "SCMP":
+        assert notes[0][0].get(k) == notes[0][1].get(k), (k, got, want)
+
+
 def test_values_in_front_inside_a_block_follow_the_block(router, app):
     """Inside a transaction block the SETs run in the block: a ROLLBACK
     reverts them (the core does not take them as known), an aborted block
