@@ -235,14 +235,25 @@ static size_t ndigits(unsigned k)
  * underscores (PostgreSQL 16), an int8, a backslash, a 'a' 'b'
  * continuation), or no room (never with norm_alloc's sizes).
  */
-static bool push_lit(struct or_norm *n, char kind, const char *tok, size_t len)
+#define LIT_DIGITS 1u	/* push_lit: the caller saw an integer of digits only */
+#define LIT_PLAIN 2u	/* ... a string with no quote or backslash between its quotes */
+
+static bool push_lit(struct or_norm *n, char kind, const char *tok, size_t len, unsigned known)
 {
 	char *t = n->arena + n->used, *v = t + len + 1;
 	size_t o = 0;
 
 	if (n->n >= n->cap || n->used + 2 * (len + 1) > n->room)
 		return false;
-	if (kind == 'i') {
+	if (kind == 'i' && (known & LIT_DIGITS) && len >= 1 && len <= 9 && tok[0] != '0') {
+		memcpy(v, tok, len);	/* below 10^9: an int4 printed as written */
+		v[len] = 0;
+		o = len;
+	} else if (kind == 's' && (known & LIT_PLAIN) && len >= 2) {
+		o = len - 2;
+		memcpy(v, tok + 1, o);
+		v[o] = 0;
+	} else if (kind == 'i') {
 		uint64_t x = 0;
 		if (len == 0 || len >= 32)
 			return false;
@@ -434,6 +445,7 @@ static uint64_t skeleton(const char *str, unsigned *flags, size_t *len)
  * made and the literals pushed: a shape that does not match costs no
  * allocation. */
 #define MATCH_LITS 64
+#define NOT_PLAIN 0x80000000u	/* in lens[]: the string has a doubled quote */
 
 static bool shape_match(const struct shape *sh, const char *sql, size_t len, struct or_norm *out)
 {
@@ -441,7 +453,7 @@ static bool shape_match(const struct shape *sh, const char *sql, size_t len, str
 	const char *at0[MATCH_LITS], **at = at0;
 	uint32_t lens0[MATCH_LITS], *lens = lens0;
 	size_t prev = 0;
-	bool ok = false;
+	bool ok = false, plain = true;
 
 	memset(out, 0, sizeof(*out));
 	if (sh->n > MATCH_LITS) {	/* a long VALUES list, say */
@@ -463,6 +475,7 @@ static bool shape_match(const struct shape *sh, const char *sql, size_t len, str
 			if (p == s)
 				goto out;
 		} else {
+			plain = true;
 			if (*p++ != '\'')
 				goto out;
 			for (;;) {
@@ -473,10 +486,13 @@ static bool shape_match(const struct shape *sh, const char *sql, size_t len, str
 				if (*p != '\'')
 					break;
 				p++;	/* '' */
+				plain = false;
 			}
 		}
+		if ((size_t)(p - s) >= NOT_PLAIN)
+			goto out;
 		at[i] = s;
-		lens[i] = (uint32_t)(p - s);
+		lens[i] = (uint32_t)(p - s) | (plain ? 0 : NOT_PLAIN);
 		/* past "$k" (not up to the next non-digit: a literal left as written may follow) */
 		prev = sh->off[i] + 1 + ndigits((unsigned)i + 1);
 	}
@@ -485,7 +501,8 @@ static bool shape_match(const struct shape *sh, const char *sql, size_t len, str
 	if (!norm_alloc(out, sh->n, len, sh->norm_len + 1))
 		goto out;
 	for (int i = 0; i < sh->n; i++)
-		if (!push_lit(out, sh->kind[i], at[i], lens[i]))
+		if (!push_lit(out, sh->kind[i], at[i], lens[i] & ~NOT_PLAIN,
+			      sh->kind[i] == 'i' ? LIT_DIGITS : lens[i] & NOT_PLAIN ? 0 : LIT_PLAIN))
 			goto out;
 	memcpy(out->text, sh->norm, sh->norm_len + 1);
 	out->shape = (unsigned)(sh - shapes) + 1;
@@ -719,7 +736,7 @@ bool or_normalize(const char *sql, struct or_norm *out)
 			k = 's';
 		else
 			continue;
-		if (!push_lit(out, k, sql + s, e - s))
+		if (!push_lit(out, k, sql + s, e - s, 0))
 			continue;
 		off[out->n - 1] = (uint32_t)(o + (s - from));
 		kind[out->n - 1] = k;
@@ -798,16 +815,22 @@ char *or_template_encode(const char *sql, int nlits)
  * cannot be keywords: bare if [a-z_][a-z0-9_]* with a digit, else quoted. */
 static size_t put_ident(char *out, const char *name)
 {
+	static unsigned char cls[256];	/* 1: [a-z0-9_], 2: a digit */
 	bool bare = (*name >= 'a' && *name <= 'z') || *name == '_', digit = false;
 	size_t o = 0;
 
+	if (!cls['_']) {
+		for (int c = 'a'; c <= 'z'; c++)
+			cls[c] = 1;
+		for (int c = '0'; c <= '9'; c++)
+			cls[c] = 3;
+		cls['_'] = 1;
+	}
 	/* copied as it is checked (one pass for the usual bare leaf name) */
-	for (const char *p = name; *p && bare; p++) {
-		unsigned char ch = (unsigned char)*p;
-		bool d = (unsigned)(ch - '0') < 10u;
-		digit |= d;
-		bare = (unsigned)(ch - 'a') < 26u || d || ch == '_';
-		out[o++] = (char)ch;
+	for (const unsigned char *p = (const unsigned char *)name; *p && bare; p++) {
+		bare = cls[*p] & 1;
+		digit |= cls[*p] >> 1;
+		out[o++] = (char)*p;
 	}
 	if (bare && digit)
 		return o;
