@@ -1353,15 +1353,18 @@ def test_a_known_shape_with_session_words_in_its_literals_is_analyzed_as_written
     st1 = stats(b)
     assert st1["statements_normalized"] == st0["statements_normalized"] + 2, (st0, st1)
     assert st1["normalized_cache_hits"] == st0["normalized_cache_hits"] + 1, (st0, st1)
-    for o, t in ((3, "lokadb"), (4, "a RESET b"), (5, "it''s commit")):
+    for o, t in ((3, "lokadb"), (4, "a RESET b"), (5, "it''s commit"), (1, "x.Set_Config(y)"),
+                 (2, "PLAN_CACHE_MODE"), (3, "_x begin")):
         w.query(shape.format(o=o, t=t))
     st2 = stats(b)
     assert st2["statements_normalized"] == st1["statements_normalized"], (st1, st2)
-    # and the shape still serves the texts without session words
-    assert w.query(shape.format(o=1, t="it''s")).rows[0][0] == cnt
+    # and the shape still serves the texts without session words (longer or
+    # shorter words, a word that starts like one, digits and $ inside words)
+    for t in ("it''s", "commits rollbacks", "en", "lokadbx", "x1begin", "begin$1", "set_configs"):
+        assert w.query(shape.format(o=1, t=t)).rows[0][0] == cnt
     st3 = stats(b)
-    assert st3["statements_normalized"] == st2["statements_normalized"] + 1, (st2, st3)
-    assert st3["normalized_cache_hits"] == st2["normalized_cache_hits"] + 1, (st2, st3)
+    assert st3["statements_normalized"] == st2["statements_normalized"] + 7, (st2, st3)
+    assert st3["normalized_cache_hits"] == st2["normalized_cache_hits"] + 7, (st2, st3)
 
 
 def test_odd_literal_texts_get_postgresql_answer_and_the_session_goes_on(router, app):
