@@ -332,9 +332,16 @@ const struct mc_table *mc_cat_table(const struct mc_cat *cat, const char *schema
 
 const struct mc_org *mc_cat_org(const struct mc_cat *cat, const char *id)
 {
+	const struct mc_org *o;
+
 	if (cat == NULL || id == NULL)
 		return NULL;
-	return map_get(&cat->by_org, id, NULL, NULL);
+	if (cat->last_org != NULL && strcmp(cat->last_org->id, id) == 0)
+		return cat->last_org;
+	o = map_get(&cat->by_org, id, NULL, NULL);
+	if (o != NULL)
+		((struct mc_cat *)cat)->last_org = o;	/* the memo: lives and dies with the catalog */
+	return o;
 }
 
 const char *mc_cat_leaf(const struct mc_cat *cat, const char *schema, const char *name,

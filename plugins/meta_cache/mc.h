@@ -76,7 +76,8 @@ struct mc_part {
 
 struct mc_chunk;
 
-/* A loaded catalog. Immutable once built; freed with mc_cat_free(). */
+/* A loaded catalog. Immutable once built (but for last_org, a memo of
+ * mc_cat_org's last answer); freed with mc_cat_free(). */
 struct mc_cat {
 	struct mc_ident id;
 	size_t n_tables, n_orgs, n_parts, n_shadows;
@@ -89,6 +90,8 @@ struct mc_cat {
 	struct mc_map by_part;		/* (schema, name, org_id) -> struct mc_part */
 	struct mc_map shadows;		/* (schema, name) -> any relation of that name */
 	struct mc_chunk *strings;	/* every string above lives here */
+	const struct mc_org *last_org;	/* the organization mc_cat_org() found last (a message asks for
+					   its organization several times: affinity, pause, leaves) */
 };
 
 /* The catalog of MC_LOAD_SQL's result, or NULL (out of memory or a malformed

@@ -27,6 +27,7 @@ struct entry {
 	uint64_t hash, sp_key, version;
 	struct or_analysis a;
 	struct or_rewrite_memo memo;
+	uint64_t gen;			/* which text this slot holds (or_cache_ref): unique in the process */
 	int next;			/* next entry in its bucket, -1 */
 	bool live, ref;
 };
@@ -90,18 +91,27 @@ static void memo_clear(struct or_rewrite_memo *m)
 	for (int i = 0; i < OR_MEMO_SLOTS; i++) {
 		free(m->slot[i].org);
 		free(m->slot[i].sql);
+		or_template_free(m->slot[i].tpl);
 	}
 	memset(m, 0, sizeof(*m));
 }
 
-bool or_memo_get(const struct or_rewrite_memo *m, const char *org, uint64_t version, const char **sql)
+int or_memo_find(const struct or_rewrite_memo *m, const char *org, uint64_t version)
 {
 	for (int i = 0; i < OR_MEMO_SLOTS; i++)
-		if (m->slot[i].org && m->slot[i].version == version && strcmp(m->slot[i].org, org) == 0) {
-			*sql = m->slot[i].sql;
-			return true;
-		}
-	return false;
+		if (m->slot[i].org && m->slot[i].version == version && strcmp(m->slot[i].org, org) == 0)
+			return i;
+	return -1;
+}
+
+bool or_memo_get(const struct or_rewrite_memo *m, const char *org, uint64_t version, const char **sql)
+{
+	int i = or_memo_find(m, org, version);
+
+	if (i < 0)
+		return false;
+	*sql = m->slot[i].sql;
+	return true;
 }
 
 bool or_memo_put(struct or_rewrite_memo *m, const char *org, uint64_t version, char *sql)
@@ -120,6 +130,8 @@ bool or_memo_put(struct or_rewrite_memo *m, const char *org, uint64_t version, c
 		m->next = (m->next + 1) % OR_MEMO_SLOTS;
 	free(m->slot[i].org);
 	free(m->slot[i].sql);
+	or_template_free(m->slot[i].tpl);
+	m->slot[i].tpl = NULL;
 	m->slot[i].org = o;
 	m->slot[i].sql = sql;
 	m->slot[i].version = version;
@@ -188,17 +200,48 @@ static int lookup(const struct or_cache *c, const char *sql, size_t len, uint64_
 	return -1;
 }
 
+/* The gens of entries, over every cache the process makes (a rebuilt cache
+ * gives no old reference a new meaning). */
+static uint64_t entry_gen;
+
 const struct or_analysis *or_cache_get(struct or_cache *c, const char *sql, uint64_t sp_key,
 				       uint64_t version, const struct or_names *names)
+{
+	return or_cache_get_ref(c, sql, sp_key, version, names, NULL);
+}
+
+const struct or_analysis *or_cache_at(struct or_cache *c, const struct or_cache_ref *ref, uint64_t sp_key,
+				      uint64_t version)
+{
+	struct entry *e;
+
+	if (!ref->gen || ref->idx >= c->capacity)
+		return NULL;
+	e = &c->e[ref->idx];
+	if (!e->live || e->gen != ref->gen || e->sp_key != sp_key || e->version != version)
+		return NULL;
+	e->ref = true;
+	c->st.hits++;
+	return &e->a;
+}
+
+const struct or_analysis *or_cache_get_ref(struct or_cache *c, const char *sql, uint64_t sp_key,
+					   uint64_t version, const struct or_names *names, struct or_cache_ref *ref)
 {
 	size_t len = strlen(sql);
 	uint64_t h = or_hash(sql, len, sp_key);
 	int i = lookup(c, sql, len, h, sp_key);
 	struct entry *e;
 
+	if (ref)
+		ref->gen = 0;
 	if (i >= 0) {
 		e = &c->e[i];
 		e->ref = true;
+		if (ref) {
+			ref->idx = (size_t)i;
+			ref->gen = e->gen;
+		}
 		if (e->version == version) {
 			c->st.hits++;
 			return &e->a;
@@ -211,6 +254,8 @@ const struct or_analysis *or_cache_get(struct or_cache *c, const char *sql, uint
 			unlink_entry(c, i);
 			entry_clear(e);
 			c->used--;
+			if (ref)
+				ref->gen = 0;
 			return NULL;
 		}
 		return &e->a;
@@ -231,8 +276,13 @@ const struct or_analysis *or_cache_get(struct or_cache *c, const char *sql, uint
 	e->hash = h;
 	e->sp_key = sp_key;
 	e->version = version;
+	e->gen = ++entry_gen;
 	e->ref = false;
 	e->live = true;
+	if (ref) {
+		ref->idx = (size_t)i;
+		ref->gen = e->gen;
+	}
 	e->next = c->bucket[h & (c->nbuckets - 1)];
 	c->bucket[h & (c->nbuckets - 1)] = i;
 	c->used++;

@@ -140,9 +140,33 @@ static struct scan_tok *scan_tokens(const char *sql, size_t *n)
 
 #define IS_DIGIT(c) ((unsigned)((unsigned char)(c) - '0') < 10u)
 
+/*
+ * One allocation is kept from message to message (route_now normalizes one
+ * text at a time): norm_alloc() lends it while it is free and large enough
+ * for the text (grown up to NORM_KEEP_MAX), or_norm_free() gives it back.
+ * Not with AddressSanitizer, which then still catches a use after free.
+ */
+#if defined(__SANITIZE_ADDRESS__)
+#define NORM_KEEP_MAX 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define NORM_KEEP_MAX 0
+#endif
+#endif
+#ifndef NORM_KEEP_MAX
+#define NORM_KEEP_MAX 65536
+#endif
+static const size_t norm_keep_max = NORM_KEEP_MAX;
+static char *keep_mem;
+static size_t keep_cap;
+static bool keep_lent;
+
 void or_norm_free(struct or_norm *n)
 {
-	free(n->mem);
+	if (n->mem && n->mem == keep_mem)
+		keep_lent = false;
+	else
+		free(n->mem);
 	memset(n, 0, sizeof(*n));
 }
 
@@ -157,9 +181,21 @@ static bool norm_alloc(struct or_norm *n, int cap, size_t len, size_t textcap)
 	size_t room = 2 * (len + (size_t)cap);
 	char *m;
 
+	size_t need = ptrs + lens + textcap + room;
+
 	memset(n, 0, sizeof(*n));
-	if (!(m = malloc(ptrs + lens + textcap + room)))
+	if (!keep_lent && need <= norm_keep_max && need > keep_cap) {
+		free(keep_mem);
+		keep_cap = need < 1024 ? 1024 : need;
+		if (!(keep_mem = malloc(keep_cap)))
+			keep_cap = 0;
+	}
+	if (!keep_lent && need <= keep_cap) {
+		m = keep_mem;
+		keep_lent = true;
+	} else if (!(m = malloc(need))) {
 		return false;
+	}
 	n->mem = m;
 	n->vals = (char **)(void *)m;
 	n->toks = n->vals + cap;
@@ -210,14 +246,25 @@ static size_t ndigits(unsigned k)
  * underscores (PostgreSQL 16), an int8, a backslash, a 'a' 'b'
  * continuation), or no room (never with norm_alloc's sizes).
  */
-static bool push_lit(struct or_norm *n, char kind, const char *tok, size_t len)
+#define LIT_DIGITS 1u	/* push_lit: the caller saw an integer of digits only */
+#define LIT_PLAIN 2u	/* ... a string with no quote or backslash between its quotes */
+
+static bool push_lit(struct or_norm *n, char kind, const char *tok, size_t len, unsigned known)
 {
 	char *t = n->arena + n->used, *v = t + len + 1;
 	size_t o = 0;
 
 	if (n->n >= n->cap || n->used + 2 * (len + 1) > n->room)
 		return false;
-	if (kind == 'i') {
+	if (kind == 'i' && (known & LIT_DIGITS) && len >= 1 && len <= 9 && tok[0] != '0') {
+		memcpy(v, tok, len);	/* below 10^9: an int4 printed as written */
+		v[len] = 0;
+		o = len;
+	} else if (kind == 's' && (known & LIT_PLAIN) && len >= 2) {
+		o = len - 2;
+		memcpy(v, tok + 1, o);
+		v[o] = 0;
+	} else if (kind == 'i') {
 		uint64_t x = 0;
 		if (len == 0 || len >= 32)
 			return false;
@@ -228,19 +275,30 @@ static bool push_lit(struct or_norm *n, char kind, const char *tok, size_t len)
 			if (x > 2147483647u)
 				return false;
 		}
-		o = or_format_int((long long)x, v);
+		if (tok[0] != '0' || len == 1) {	/* printed as written */
+			memcpy(v, tok, len);
+			v[len] = 0;
+			o = len;
+		} else {
+			o = or_format_int((long long)x, v);
+		}
 	} else {
 		if (len < 2 || tok[0] != '\'' || tok[len - 1] != '\'')
 			return false;
-		for (size_t i = 1; i + 1 < len; i++) {
-			if (tok[i] == '\\')
-				return false;
-			if (tok[i] == '\'') {
-				if (i + 2 >= len || tok[i + 1] != '\'')	/* 'a' 'b' continuation */
+		if (!memchr(tok + 1, '\'', len - 2) && !memchr(tok + 1, '\\', len - 2)) {
+			o = len - 2;		/* nothing to undouble: the contents as they are */
+			memcpy(v, tok + 1, o);
+		} else {
+			for (size_t i = 1; i + 1 < len; i++) {
+				if (tok[i] == '\\')
 					return false;
-				i++;
+				if (tok[i] == '\'') {
+					if (i + 2 >= len || tok[i + 1] != '\'')	/* 'a' 'b' continuation */
+						return false;
+					i++;
+				}
+				v[o++] = tok[i];
 			}
-			v[o++] = tok[i];
 		}
 		v[o] = 0;
 	}
@@ -289,9 +347,12 @@ struct shape {
 	bool mm_set;			/* mm is known for (mm_sp, mm_cat) */
 	unsigned mm;
 	uint64_t mm_sp, mm_cat;
+	uint64_t ce_key;		/* ce is the parse-cache entry of norm for this key */
+	struct or_cache_ref ce;		/* gen 0: none */
 };
 
 static struct shape *shapes;
+static unsigned last_shape;		/* 1 + the slot of the last shape matched; 0: none (below) */
 
 void or_shapes_free(void)
 {
@@ -302,6 +363,12 @@ void or_shapes_free(void)
 	}
 	free(shapes);
 	shapes = NULL;
+	last_shape = 0;
+	if (!keep_lent) {
+		free(keep_mem);
+		keep_mem = NULL;
+		keep_cap = 0;
+	}
 }
 
 /*
@@ -384,50 +451,80 @@ static uint64_t skeleton(const char *str, unsigned *flags, size_t *len)
 	return h;
 }
 
-/* A text of shape sh (len bytes): *out as or_normalize() would make it. */
+/* A text of shape sh (len bytes): *out as or_normalize() would make it.
+ * The text is matched first (where its literals are), then the allocation
+ * made and the literals pushed: a shape that does not match costs no
+ * allocation. */
+#define MATCH_LITS 64
+#define NOT_PLAIN 0x80000000u	/* in lens[]: the string has a doubled quote */
+
 static bool shape_match(const struct shape *sh, const char *sql, size_t len, struct or_norm *out)
 {
 	const char *p = sql, *end = sql + len;
+	const char *at0[MATCH_LITS], **at = at0;
+	uint32_t lens0[MATCH_LITS], *lens = lens0;
 	size_t prev = 0;
+	bool ok = false, plain = true;
 
-	if (!norm_alloc(out, sh->n, len, sh->norm_len + 1))
-		return false;
+	memset(out, 0, sizeof(*out));
+	if (sh->n > MATCH_LITS) {	/* a long VALUES list, say */
+		at = malloc(sizeof(*at) * (size_t)sh->n);
+		lens = malloc(sizeof(*lens) * (size_t)sh->n);
+		if (!at || !lens)
+			goto out;
+	}
 	for (int i = 0; i < sh->n; i++) {
 		size_t seg = sh->off[i] - prev;
 		const char *s;
 		if (seg > (size_t)(end - p) || memcmp(p, sh->norm + prev, seg) != 0)
-			return false;
+			goto out;
 		p += seg;
 		s = p;
 		if (sh->kind[i] == 'i') {
 			while (IS_DIGIT(*p))
 				p++;
 			if (p == s)
-				return false;
+				goto out;
 		} else {
+			plain = true;
 			if (*p++ != '\'')
-				return false;
+				goto out;
 			for (;;) {
 				if (!*p || *p == '\\' || *p == TPL_MARK || *p == TPL_END)
-					return false;
+					goto out;
 				if (*p++ != '\'')
 					continue;
 				if (*p != '\'')
 					break;
 				p++;	/* '' */
+				plain = false;
 			}
 		}
-		if (!push_lit(out, sh->kind[i], s, (size_t)(p - s)))
-			return false;
+		if ((size_t)(p - s) >= NOT_PLAIN)
+			goto out;
+		at[i] = s;
+		lens[i] = (uint32_t)(p - s) | (plain ? 0 : NOT_PLAIN);
 		/* past "$k" (not up to the next non-digit: a literal left as written may follow) */
 		prev = sh->off[i] + 1 + ndigits((unsigned)i + 1);
 	}
 	if ((size_t)(end - p) != sh->norm_len - prev || memcmp(p, sh->norm + prev, sh->norm_len - prev) != 0)
-		return false;
+		goto out;
+	if (!norm_alloc(out, sh->n, len, sh->norm_len + 1))
+		goto out;
+	for (int i = 0; i < sh->n; i++)
+		if (!push_lit(out, sh->kind[i], at[i], lens[i] & ~NOT_PLAIN,
+			      sh->kind[i] == 'i' ? LIT_DIGITS : lens[i] & NOT_PLAIN ? 0 : LIT_PLAIN))
+			goto out;
 	memcpy(out->text, sh->norm, sh->norm_len + 1);
 	out->shape = (unsigned)(sh - shapes) + 1;
 	out->shape_key = sh->key;
-	return true;
+	ok = true;
+out:
+	if (at != at0) {
+		free(at);
+		free(lens);
+	}
+	return ok;
 }
 
 /*
@@ -507,20 +604,38 @@ static void shape_put(uint64_t key, struct or_norm *n, size_t norm_len, const ui
 	n->shape_key = key;
 }
 
+/*
+ * The shape a text last matched is tried first, without the skeleton's
+ * hash: shape_match() checks every byte of the text against the shape (the
+ * bytes outside its literals equal the normalized text's, which holds no
+ * template byte; literals of the same kinds, strings without one), so a
+ * text it accepts has that shape's skeleton too (the same bytes, digit runs
+ * and string contents aside). The same statement sent again and again (an
+ * application's INSERT) costs no hash of its text.
+ */
 bool or_normalize_known(const char *sql, struct or_norm *out)
 {
 	uint64_t key;
 	size_t len;
-	unsigned fl;
+	unsigned fl, slot;
 
 	memset(out, 0, sizeof(*out));
 	if (!shapes)
 		return false;
+	if (last_shape && shapes[last_shape - 1].norm) {
+		if (shape_match(&shapes[last_shape - 1], sql, strlen(sql), out))
+			return true;
+		or_norm_free(out);
+	}
 	key = skeleton(sql, &fl, &len);
-	if ((fl & SK_MARK) || !(fl & SK_LIT) || !shapes[key % SHAPES].norm || shapes[key % SHAPES].key != key)
+	slot = (unsigned)(key % SHAPES);
+	if ((fl & SK_MARK) || !(fl & SK_LIT) || !shapes[slot].norm || shapes[slot].key != key ||
+	    slot + 1 == last_shape)
 		return false;
-	if (shape_match(&shapes[key % SHAPES], sql, len, out))
+	if (shape_match(&shapes[slot], sql, len, out)) {
+		last_shape = slot + 1;
 		return true;
+	}
 	or_norm_free(out);
 	return false;
 }
@@ -559,6 +674,26 @@ void or_shape_mm_put(const struct or_norm *n, uint64_t sp_key, uint64_t cat, uns
 	sh->mm = mm;
 	sh->mm_sp = sp_key;
 	sh->mm_cat = cat;
+}
+
+bool or_shape_entry_get(const struct or_norm *n, uint64_t key, struct or_cache_ref *ref)
+{
+	const struct shape *sh = shape_of(n);
+
+	if (!sh || !sh->ce.gen || sh->ce_key != key)
+		return false;
+	*ref = sh->ce;
+	return true;
+}
+
+void or_shape_entry_put(const struct or_norm *n, uint64_t key, const struct or_cache_ref *ref)
+{
+	struct shape *sh = shape_of(n);
+
+	if (!sh)
+		return;
+	sh->ce_key = key;
+	sh->ce = *ref;
 }
 
 bool or_normalize(const char *sql, struct or_norm *out)
@@ -612,7 +747,7 @@ bool or_normalize(const char *sql, struct or_norm *out)
 			k = 's';
 		else
 			continue;
-		if (!push_lit(out, k, sql + s, e - s))
+		if (!push_lit(out, k, sql + s, e - s, 0))
 			continue;
 		off[out->n - 1] = (uint32_t)(o + (s - from));
 		kind[out->n - 1] = k;
@@ -691,18 +826,26 @@ char *or_template_encode(const char *sql, int nlits)
  * cannot be keywords: bare if [a-z_][a-z0-9_]* with a digit, else quoted. */
 static size_t put_ident(char *out, const char *name)
 {
+	static unsigned char cls[256];	/* 1: [a-z0-9_], 2: a digit */
 	bool bare = (*name >= 'a' && *name <= 'z') || *name == '_', digit = false;
 	size_t o = 0;
 
-	for (const char *p = name; *p && bare; p++) {
-		digit |= *p >= '0' && *p <= '9';
-		bare = (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '_';
+	if (!cls['_']) {
+		for (int c = 'a'; c <= 'z'; c++)
+			cls[c] = 1;
+		for (int c = '0'; c <= '9'; c++)
+			cls[c] = 3;
+		cls['_'] = 1;
 	}
-	if (bare && digit) {
-		o = strlen(name);
-		memcpy(out, name, o);
+	/* copied as it is checked (one pass for the usual bare leaf name) */
+	for (const unsigned char *p = (const unsigned char *)name; *p && bare; p++) {
+		bare = cls[*p] & 1;
+		digit |= cls[*p] >> 1;
+		out[o++] = (char)*p;
+	}
+	if (bare && digit)
 		return o;
-	}
+	o = 0;
 	out[o++] = '"';
 	for (const char *p = name; *p; p++) {
 		if (*p == '"')
@@ -807,14 +950,149 @@ bool or_template_fill_buf(const char *tpl, const struct or_norm *n, or_leaf_fn l
 	return true;
 }
 
+/*
+ * A template compiled: the walk of or_template_fill_buf() made once (where
+ * the plain runs end, which literal or which leaf follows each), so a
+ * message's fill copies runs and looks up leaves, no more. The memo of a
+ * parse-cache entry keeps it with its template (or_rewrite_memo). Same
+ * output and same failures as or_template_fill_buf() (test_normalize
+ * compares them).
+ */
+enum { TOP_END, TOP_LIT, TOP_LEAF, TOP_FAIL };
+
+struct tpl_op {
+	uint32_t from, len;		/* the plain bytes copied first: text[from, from + len) */
+	uint32_t what;			/* TOP_* after them */
+	uint32_t k;			/* TOP_LIT: literal number k (1-based) */
+	const char *schema, *table;	/* TOP_LEAF */
+};
+
+struct or_tpl {
+	const char *text;		/* a copy of the template */
+	struct tpl_op op[];		/* up to TOP_END or TOP_FAIL */
+};
+
+struct or_tpl *or_template_compile(const char *tpl)
+{
+	size_t len = strlen(tpl), nops = 2, o = 0, from = 0;
+	static const char stops[] = { TPL_MARK, '"', 0 };
+	struct or_tpl *t;
+	char *text, *names;
+	const char *p;
+
+	for (p = tpl; *p; p++)
+		nops += *p == TPL_MARK || *p == '"';
+	if (len >= UINT32_MAX || !(t = malloc(sizeof(*t) + nops * sizeof(t->op[0]) + 2 * (len + 1))))
+		return NULL;
+	text = (char *)&t->op[nops];
+	names = text + len + 1;
+	memcpy(text, tpl, len + 1);
+	t->text = text;
+	for (p = tpl;;) {
+		struct tpl_op *op = &t->op[o++];
+		const char *end;
+		p += strcspn(p, stops);
+		op->from = (uint32_t)from;
+		op->len = (uint32_t)((size_t)(p - tpl) - from);
+		if (!*p) {
+			op->what = TOP_END;
+			break;
+		}
+		if (*p == TPL_MARK) {
+			unsigned k = 0;
+			for (end = p + 1; IS_DIGIT(*end) && k < 100000000u; end++)
+				k = k * 10 + (unsigned)(*end - '0');
+			if (end == p + 1 || *end != TPL_END || k < 1) {
+				op->what = TOP_FAIL;
+				break;
+			}
+			op->what = TOP_LIT;
+			op->k = k;
+			p = end + 1;
+		} else if (p[1] == OR_LEAF_MARK) {
+			char schema[NAMEDATALEN_OR], table[NAMEDATALEN_OR];
+			size_t ls, lt;
+			if (!leaf_marker(p, schema, table, &end)) {
+				op->what = TOP_FAIL;
+				break;
+			}
+			/* the names are shorter than their marker: they fit in names[] */
+			ls = strlen(schema) + 1;
+			lt = strlen(table) + 1;
+			memcpy(names, schema, ls);
+			memcpy(names + ls, table, lt);
+			op->what = TOP_LEAF;
+			op->schema = names;
+			op->table = names + ls;
+			names += ls + lt;
+			p = end;
+		} else {	/* a double quote of its own: a plain byte */
+			p++;
+			o--;	/* the same run goes on */
+			continue;
+		}
+		from = (size_t)(p - tpl);
+	}
+	return t;
+}
+
+void or_template_free(struct or_tpl *t)
+{
+	free(t);
+}
+
+bool or_template_run(const struct or_tpl *t, const struct or_norm *n, or_leaf_fn leaf, void *arg, bool *no_leaf,
+		     char **buf, size_t *cap)
+{
+	size_t o = 0;
+
+	*no_leaf = false;
+	for (const struct tpl_op *op = t->op;; op++) {
+		const char *name;
+		if (!fill_room(buf, cap, o + op->len + 1))
+			return false;
+		memcpy(*buf + o, t->text + op->from, op->len);
+		o += op->len;
+		switch (op->what) {
+		case TOP_END:
+			(*buf)[o] = 0;
+			return true;
+		case TOP_LIT:
+			if (!n || op->k > (unsigned)n->n)
+				return false;
+			if (!fill_room(buf, cap, o + n->lens[op->k - 1] + 1))
+				return false;
+			memcpy(*buf + o, n->toks[op->k - 1], n->lens[op->k - 1]);
+			o += n->lens[op->k - 1];
+			break;
+		case TOP_LEAF:
+			if (!leaf)
+				return false;
+			if (!(name = leaf(arg, op->schema, op->table)) || strlen(name) >= NAMEDATALEN_OR) {
+				*no_leaf = true;
+				return false;
+			}
+			if (!fill_room(buf, cap, o + 2 * NAMEDATALEN_OR + 3))
+				return false;
+			o += put_ident(*buf + o, name);
+			break;
+		default:
+			return false;
+		}
+	}
+}
+
 char *or_template_fill(const char *tpl, const struct or_norm *n, or_leaf_fn leaf, void *arg, bool *no_leaf)
 {
+	struct or_tpl *t = or_template_compile(tpl);
 	char *buf = NULL;
 	size_t cap = 0;
 
-	if (!or_template_fill_buf(tpl, n, leaf, arg, no_leaf, &buf, &cap)) {
+	*no_leaf = false;
+	if (!t || !or_template_run(t, n, leaf, arg, no_leaf, &buf, &cap)) {
 		free(buf);
-		return NULL;
+		buf = NULL;
 	}
+	or_template_free(t);
 	return buf;
 }

@@ -358,6 +358,22 @@ static void set_owned(char **dst, const char *v)
 	*dst = d;
 }
 
+/* x->cur and x->last_org: NULL or OR_ORG_MAX + 1 bytes, written in place
+ * (they change with nearly every routed statement). NULL when out of memory. */
+static void set_cur(char **dst, const char *v)
+{
+	size_t n = strlen(v);
+
+	if (n > OR_ORG_MAX) {
+		free(*dst);
+		*dst = NULL;
+		return;
+	}
+	if (!*dst && !(*dst = malloc(OR_ORG_MAX + 1)))
+		return;
+	memcpy(*dst, v, n + 1);
+}
+
 /* Is `name` in the comma/space separated `list`? */
 static bool in_list(const char *list, const char *name)
 {
@@ -395,6 +411,14 @@ static bool normalize(const char *type, const char *in, size_t len, char *out)
 	if (type_is(type, int_types)) {
 		char buf[OR_ORG_MAX + 1], *end;
 		long long v;
+		size_t i = 0;
+		while (i < len && i < 18 && in[i] >= '0' && in[i] <= '9')
+			i++;
+		if (i == len && (in[0] != '0' || len == 1)) {	/* already canonical */
+			memcpy(out, in, len);
+			out[len] = 0;
+			return true;
+		}
 		memcpy(buf, in, len);
 		buf[len] = 0;
 		v = strtoll(buf, &end, 10);
@@ -613,14 +637,14 @@ static void apply_effect(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 		set_owned(st->is_local ? &x->local_org : &x->session_org, v[0] ? v : NULL);
 		if (!st->is_local)
 			set_owned(&x->local_org, NULL);
-		set_owned(&x->cur, v);
+		set_cur(&x->cur, v);
 		x->cur_valid = true;
 		break;
 	case OR_FX_RESET_ORG:
 		forget_var(ev, "lokadb.org");
 		set_owned(&x->session_org, NULL);
 		set_owned(&x->local_org, NULL);
-		set_owned(&x->cur, "");
+		set_cur(&x->cur, "");
 		x->cur_valid = true;
 		break;
 	case OR_FX_RESET_ALL:
@@ -630,7 +654,7 @@ static void apply_effect(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 		set_owned(&x->session_org, NULL);
 		set_owned(&x->local_org, NULL);
 		set_owned(&x->search_path, NULL);
-		set_owned(&x->cur, "");
+		set_cur(&x->cur, "");
 		x->cur_valid = true;
 		x->sp_key = or_hash(api->client_user(c), strlen(api->client_user(c)), 0);
 		break;
@@ -784,7 +808,7 @@ static void ensure_org(struct orr *g, lk_event *ev, lk_client *c, struct orc *x,
 	    (!g->force_custom || (x->pcm_bit = api->query_set_var(ev, "plan_cache_mode", "force_custom_plan")) >= 0) &&
 	    api->query_on_vars(g->self, ev, vars_done, x) == 0) {
 		d->prefix = "core";
-		set_owned(&x->cur, d->org);
+		set_cur(&x->cur, d->org);
 		x->cur_valid = x->cur != NULL;
 		if (api->client_in_transaction(c))
 			x->changed_in_block = true;
@@ -799,7 +823,7 @@ static void ensure_org(struct orr *g, lk_event *ev, lk_client *c, struct orc *x,
 	g->n[N_PREFIXES]++;
 	if (pcm)
 		note_plan_mode(g, c, x);
-	set_owned(&x->cur, d->org);
+	set_cur(&x->cur, d->org);
 	x->cur_valid = x->cur != NULL;
 	if (api->client_in_transaction(c))
 		x->changed_in_block = true;
@@ -916,18 +940,24 @@ static const char *leaf_of(void *arg, const char *schema, const char *table)
 static char *fill_buf;		/* what filled() returns, reused */
 static size_t fill_cap;
 
-static const char *filled(const struct orr *g, const char *res, bool tmpl, const struct decision *d)
+static const char *filled(const struct orr *g, struct or_rewrite_memo *m, int i, bool tmpl,
+			  const struct decision *d)
 {
 	struct leaf_arg l = { g->mc, d->org };
-	bool no_leaf;
+	const char *res = m->slot[i].sql;
+	bool no_leaf, ok;
 
 	if (!res)
 		return NULL;
 	if (!tmpl && !cur_norm)
 		return res;
-	if (!or_template_fill_buf(res, cur_norm, tmpl ? leaf_of : NULL, &l, &no_leaf, &fill_buf, &fill_cap))
-		return NULL;
-	return fill_buf;
+	/* compiled at its first use, kept with it in the memo */
+	if (m->slot[i].tpl || (m->slot[i].tpl = or_template_compile(res)))
+		ok = or_template_run(m->slot[i].tpl, cur_norm, tmpl ? leaf_of : NULL, &l, &no_leaf, &fill_buf,
+				     &fill_cap);
+	else
+		ok = or_template_fill_buf(res, cur_norm, tmpl ? leaf_of : NULL, &l, &no_leaf, &fill_buf, &fill_cap);
+	return ok ? fill_buf : NULL;
 }
 
 /*
@@ -946,14 +976,15 @@ static const char *rewritten(struct orr *g, lk_event *ev, const struct orc *x, c
 	struct or_names names = { g->mc, x->search_path ? x->search_path : OR_DEFAULT_PATH, NULL };
 	struct or_rewrite_memo *m = or_cache_memo(g->cache, a);
 	bool tmpl = to_leaf && d->first->kind != OR_K_COPY_TO_TABLE;
-	const char *org = tmpl ? ORG_ANY : d->org, *res, *err;
+	const char *org = tmpl ? ORG_ANY : d->org, *err;
 	uint64_t key = cat_key(g);
 	enum or_rw_result rc;
 	char *out;
+	int i;
 
 	/* a known template: filled in (NULL if the organization lacks a leaf) */
-	if (or_memo_get(m, org, key, &res))
-		return filled(g, res, tmpl, d);
+	if ((i = or_memo_find(m, org, key)) >= 0)
+		return filled(g, m, i, tmpl, d);
 	if (tmpl && !any_leaf(g, a, d->org))
 		return NULL;	/* the organization has no partition of its own: nothing to address */
 	names.user = api->client_user(api->ev_client(ev));
@@ -977,7 +1008,7 @@ static const char *rewritten(struct orr *g, lk_event *ev, const struct orc *x, c
 	}
 	if (!or_memo_put(m, org, key, rc == OR_RW_DONE ? out : NULL))
 		return NULL;
-	return or_memo_get(m, org, key, &res) ? filled(g, res, tmpl, d) : NULL;
+	return (i = or_memo_find(m, org, key)) >= 0 ? filled(g, m, i, tmpl, d) : NULL;
 }
 
 /* Address a single-organization Query or Parse to its leaves. */
@@ -1138,7 +1169,7 @@ static void affinity_for(struct orr *g, lk_client *c, struct orc *x, const struc
 	if (d->first && (d->src == SRC_STATEMENT || d->src == SRC_SESSION) && d->org[0]) {
 		org = d->org;
 		if (!x->last_org || strcmp(x->last_org, org) != 0)
-			set_owned(&x->last_org, org);
+			set_cur(&x->last_org, org);
 	}
 	give_affinity(g, c, x, org);
 }
@@ -1308,7 +1339,7 @@ static int route_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 #define MM_TABLE 1u		/* may_matter: a word names a LokaDB table */
 #define MM_SESSION 2u		/* ... a word of a statement on the session or the transaction */
 #define MM_PLAN_MODE 4u		/* ... the word plan_cache_mode */
-static unsigned may_matter(struct orr *g, const struct orc *x, const char *user, const char *sql);
+static unsigned may_matter(struct orr *g, const struct orc *x, const char *user, const char *sql, unsigned found);
 
 /* Salt of the parse-cache key of normalized texts (their memos hold templates). */
 #define OR_NORM_SALT 0x6e6f726d2d6b6579ULL
@@ -1367,15 +1398,15 @@ static int route_now(struct orr *g, lk_event *ev, lk_client *c, struct orc *x)
 		 * normalized text is memoized, its string literals are read */
 		uint64_t ck = cat_key(g);
 		if (!or_shape_mm_get(&nm, x->sp_key, ck, &mm)) {
-			mm = may_matter(g, x, api->client_user(c), nm.text);
+			mm = may_matter(g, x, api->client_user(c), nm.text, 0);
 			or_shape_mm_put(&nm, x->sp_key, ck, mm);
 		}
 		for (int i = 0; i < nm.n; i++)
 			if (nm.toks[i][0] == '\'')
-				mm |= may_matter(g, x, api->client_user(c), nm.toks[i]);
+				mm = may_matter(g, x, api->client_user(c), nm.toks[i], mm);
 	} else {
 		or_norm_free(&nm);
-		mm = may_matter(g, x, api->client_user(c), orig);
+		mm = may_matter(g, x, api->client_user(c), orig, 0);
 	}
 	if (mm & MM_PLAN_MODE)
 		forget_var(ev, "plan_cache_mode");	/* a SET or set_config of it, perhaps */
@@ -1396,13 +1427,22 @@ static int route_now(struct orr *g, lk_event *ev, lk_client *c, struct orc *x)
 	/* A simple Query naming tables only: its analysis is shared by every
 	 * text that differs from it only by literals (normalize.c). */
 	if (type == 'Q' && mm == MM_TABLE && (nm.text || or_normalize(orig, &nm))) {
-		struct or_cache_stats st0, st;
-		or_cache_stats(g->cache, &st0);
-		a = or_cache_get(g->cache, nm.text, x->sp_key ^ OR_NORM_SALT, cat_key(g), &names);
-		if (a && norm_usable(a)) {
+		/* the shape remembers its entry: no hash of the normalized text */
+		uint64_t nk = x->sp_key ^ OR_NORM_SALT, ck = cat_key(g);
+		struct or_cache_ref ref;
+		bool hit = or_shape_entry_get(&nm, nk, &ref) && (a = or_cache_at(g->cache, &ref, nk, ck)) != NULL;
+		if (!hit) {
+			struct or_cache_stats st0, st;
+			or_cache_stats(g->cache, &st0);
+			a = or_cache_get_ref(g->cache, nm.text, nk, ck, &names, &ref);
 			or_cache_stats(g->cache, &st);
+			hit = st.hits != st0.hits;
+			if (a && ref.gen)
+				or_shape_entry_put(&nm, nk, &ref);
+		}
+		if (a && norm_usable(a)) {
 			g->n[N_NORMALIZED]++;
-			if (st.hits != st0.hits)
+			if (hit)
 				g->n[N_NORM_HITS]++;
 			cur_norm = &nm;
 		} else {
@@ -1613,10 +1653,11 @@ static unsigned mm_keyword(const char *word, size_t n)
  * inline values) neither cost a parse nor evict the cache. False positives
  * only cost the parse. One pass over the text, a byte-class table (no
  * ctype calls), a keyword compared only when its first byte and length match.
+ * `found`: what is already known (the answer is or-ed to it); once MM_TABLE
+ * is known, words are no longer looked up as tables.
  */
-static unsigned may_matter(struct orr *g, const struct orc *x, const char *user, const char *sql)
+static unsigned may_matter(struct orr *g, const struct orc *x, const char *user, const char *sql, unsigned found)
 {
-	unsigned found = 0;
 	const char *path = x->search_path ? x->search_path : OR_DEFAULT_PATH;
 	char bufs[2][NAMEDATALEN_OR], *prev = bufs[0], *word = bufs[1];
 	bool prev_dot = false;

@@ -132,16 +132,31 @@ void or_cache_free(struct or_cache *c);
  */
 const struct or_analysis *or_cache_get(struct or_cache *c, const char *sql, uint64_t sp_key,
 				       uint64_t version, const struct or_names *names);
+/* Where an entry is, to find it again without its text: valid while the
+ * entry holds that text (an evicted entry's slot gets another gen). */
+struct or_cache_ref {
+	size_t idx;
+	uint64_t gen;		/* 0: none */
+};
+/* or_cache_get(), and where the entry is in *ref (gen 0 if none). */
+const struct or_analysis *or_cache_get_ref(struct or_cache *c, const char *sql, uint64_t sp_key,
+					   uint64_t version, const struct or_names *names, struct or_cache_ref *ref);
+/* The analysis of the entry *ref if it still holds the same text, for sp_key,
+ * analyzed under `version` (a hit); else NULL (use or_cache_get). */
+const struct or_analysis *or_cache_at(struct or_cache *c, const struct or_cache_ref *ref, uint64_t sp_key,
+				      uint64_t version);
 void or_cache_stats(const struct or_cache *c, struct or_cache_stats *st);
 /* The memo of the last rewrites of the entry `a` belongs to (see rewrite.c),
  * one slot per organization, the oldest replaced first. A named statement
  * bound with a few organizations in turn costs one deparse per organization. */
 #define OR_MEMO_SLOTS 4
+struct or_tpl;
 struct or_rewrite_memo {
 	struct {
 		char *org;		/* the organization it was made for; NULL: free slot */
 		uint64_t version;	/* the catalog key it was made with */
 		char *sql;		/* the rewritten text; NULL: not rewritable */
+		struct or_tpl *tpl;	/* sql compiled as a template (or_template_compile), once used */
 	} slot[OR_MEMO_SLOTS];
 	unsigned next;			/* the slot replaced next */
 };
@@ -149,6 +164,8 @@ struct or_rewrite_memo *or_cache_memo(struct or_cache *c, const struct or_analys
 /* The memoized rewrite for (org, version): true and *sql (NULL: nothing to
  * rewrite) when known. */
 bool or_memo_get(const struct or_rewrite_memo *m, const char *org, uint64_t version, const char **sql);
+/* The same: its slot, or -1. */
+int or_memo_find(const struct or_rewrite_memo *m, const char *org, uint64_t version);
 /* Remember a rewrite; `sql` (may be NULL) is taken over. false: out of memory (sql freed). */
 bool or_memo_put(struct or_rewrite_memo *m, const char *org, uint64_t version, char *sql);
 
@@ -188,6 +205,11 @@ bool or_normalize_known(const char *sql, struct or_norm *out);
 bool or_shape_mm_usable(const struct or_norm *n);
 bool or_shape_mm_get(const struct or_norm *n, uint64_t sp_key, uint64_t cat, unsigned *mm);
 void or_shape_mm_put(const struct or_norm *n, uint64_t sp_key, uint64_t cat, unsigned mm);
+/* The parse-cache entry of the shape's normalized text, memoized with the
+ * shape for one key (search path and user): get, put. */
+struct or_cache_ref;
+bool or_shape_entry_get(const struct or_norm *n, uint64_t key, struct or_cache_ref *ref);
+void or_shape_entry_put(const struct or_norm *n, uint64_t key, const struct or_cache_ref *ref);
 /* x in decimal into out (at least 21 bytes); its length. */
 size_t or_format_int(long long x, char *out);
 /* Forget the shapes of normalized texts (see normalize.c); at unload. */
@@ -215,6 +237,12 @@ char *or_template_fill(const char *tpl, const struct or_norm *n, or_leaf_fn leaf
  * the next call): false on out of memory or as above. */
 bool or_template_fill_buf(const char *tpl, const struct or_norm *n, or_leaf_fn leaf, void *arg, bool *no_leaf,
 			  char **buf, size_t *cap);
+/* A template compiled once (NULL: out of memory), then filled per message by
+ * or_template_run() exactly as or_template_fill_buf() fills its text. */
+struct or_tpl *or_template_compile(const char *tpl);
+void or_template_free(struct or_tpl *t);
+bool or_template_run(const struct or_tpl *t, const struct or_norm *n, or_leaf_fn leaf, void *arg, bool *no_leaf,
+		     char **buf, size_t *cap);
 
 /* ---- rewrite.c ---- */
 

@@ -1225,6 +1225,102 @@ def test_normalized_statements_give_the_results_of_the_statements_as_written(rou
     assert direct(app, "SELECT count(*) FROM versions WHERE body LIKE 'norm %'") == [(0,)]
 
 
+def test_repeated_inserts_follow_catalog_search_path_and_cache_changes(router, app):
+    """The same INSERT sent again and again (literals aside) is normalized
+    from its shape (tried first), finds its analysis through the shape's
+    memo of the parse-cache entry and fills a compiled leaf template: each
+    of them must give way when what it stands for changes. Between two
+    identical inserts: the organization stops being isolated (to the
+    parent) and is isolated again (to the leaf); the search path makes
+    `versions` another schema's plain table (not routed); the parse cache is
+    rebuilt (parse_cache_size) and its entries evicted. Each row lands where
+    PostgreSQL puts the text as the route decided, and the client's rows
+    are all there."""
+    b = router(extra="parse_cache_size = 16\n")
+    w = b.login("app", USER)
+    # (the words of the body name a LokaDB table on any search path: the
+    # prefilter lets every one of them through to the parse cache)
+    ins = "INSERT INTO versions (organization_id, document_id, body) VALUES ({o}, {d}, 'memo {n} public.documents')"
+    doc = direct(app, f"SELECT id FROM documents WHERE organization_id = {ISOLATED2} ORDER BY id LIMIT 1")[0][0]
+    n = [0]
+
+    def insert(o=ISOLATED2):
+        n[0] += 1
+        log0 = app.log_size()
+        w.query(ins.format(o=o, d=doc, n=n[0]))
+        ran = executed(app, log0, needle=f"'memo {n[0]} ")
+        assert len(ran) == 1, ran
+        return ran[0], route_lines(b)[-1]
+
+    def where(k):
+        """Where PostgreSQL put the row of insert k."""
+        body = f"memo {k} public.documents"
+        rows = direct(app, "SELECT tableoid::regclass::text FROM public.versions WHERE body = %s", [body])
+        if direct(app, "SELECT to_regclass('other.versions') IS NOT NULL")[0][0]:
+            rows += direct(app, "SELECT 'other.versions' FROM other.versions WHERE body = %s", [body])
+        return rows
+
+    def catalog_change(sql):
+        v0 = int(b.admin_dicts("SHOW META_CACHE")[0]["version"])
+        direct_admin(app, sql)
+        wait_until(lambda: int(b.admin_dicts("SHOW META_CACHE")[0]["version"]) > v0, 5 * SLOW,
+                   what="meta_cache to load the change")
+
+    try:
+        for _ in range(3):
+            ran, line = insert()
+            assert "versions_o5_1 AS versions" in ran and "rewrite=leaf" in line, (ran, line)
+            assert where(n[0]) == [("versions_o5_1",)]
+        st0 = stats(b)
+        insert()
+        st1 = stats(b)
+        assert st1["normalized_cache_hits"] - st0["normalized_cache_hits"] == 1, (st0, st1)
+        assert st1["rewrites_made"] == st0["rewrites_made"], (st0, st1)
+        # the organization leaves its partition: the same insert goes to the parent
+        catalog_change(f"UPDATE lokadb.orgs SET isolated = false WHERE id = '{ISOLATED2}'")
+        ran, line = insert()
+        assert "versions_o5" not in ran and "rewrite=no" in line, (ran, line)
+        assert where(n[0]) == [("versions_o5_1",)]        # PostgreSQL's own routing of the parent
+        catalog_change(f"UPDATE lokadb.orgs SET isolated = true WHERE id = '{ISOLATED2}'")
+        ran, line = insert()
+        assert "versions_o5_1 AS versions" in ran and "rewrite=leaf" in line, (ran, line)
+        # another organization of the same shape: its own leaf, or the parent
+        ran, line = insert(ISOLATED)
+        assert "versions_o2_1 AS versions" in ran and "org=2 " in line, (ran, line)
+        ran, line = insert(3)
+        assert "versions_o" not in ran and "org=3 " in line and "rewrite=no" in line, (ran, line)
+        # a plain table named versions comes first on the search path (the
+        # catalog reloads to know of it): not routed, it lands there
+        direct_admin(app, "CREATE TABLE other.versions (organization_id bigint, document_id bigint, body text); "
+                          "GRANT ALL ON other.versions TO PUBLIC")
+        catalog_change("UPDATE lokadb.orgs SET name = name WHERE id = '1'")
+        w.query("SET search_path = other, public")
+        st_pre = stats(b)["statements_prefiltered"]
+        ran, line = insert()
+        assert "versions_o5" not in ran and "decision=pass" in line, (ran, line)
+        assert where(n[0]) == [("other.versions",)]
+        assert stats(b)["statements_prefiltered"] == st_pre, "the prefilter let it through"
+        w.query("RESET search_path")
+        ran, line = insert()
+        assert "versions_o5_1 AS versions" in ran and "rewrite=leaf" in line, (ran, line)
+        # the parse cache rebuilt, then its entries evicted by other texts
+        b.admin("SET plugin.org_routing.parse_cache_size = '32'")
+        ran, line = insert()
+        assert "versions_o5_1 AS versions" in ran and "rewrite=leaf" in line, (ran, line)
+        for i in range(40):
+            w.query(f"SELECT {i} AS c{i}, count(*) FROM documents WHERE organization_id = 3")
+        assert stats(b)["parse_cache_evictions"] > 0
+        ran, line = insert()
+        assert "versions_o5_1 AS versions" in ran and "rewrite=leaf" in line, (ran, line)
+        assert direct(app, "SELECT count(*) FROM versions WHERE body LIKE 'memo %'")[0][0] + \
+            direct(app, "SELECT count(*) FROM other.versions")[0][0] == n[0]
+    finally:
+        direct_admin(app, f"UPDATE lokadb.orgs SET isolated = true WHERE id = '{ISOLATED2}'")
+        direct_admin(app, "DELETE FROM versions WHERE body LIKE 'memo %'")
+        direct_admin(app, "DROP TABLE IF EXISTS other.versions")
+        direct_admin(app, "UPDATE lokadb.orgs SET name = name WHERE id = '1'")
+
+
 def test_statements_with_session_effects_are_not_normalized(router):
     """set_config('lokadb.org', '5', false) and SET must be analyzed as written
     (their literals are what they do)."""
@@ -1257,15 +1353,18 @@ def test_a_known_shape_with_session_words_in_its_literals_is_analyzed_as_written
     st1 = stats(b)
     assert st1["statements_normalized"] == st0["statements_normalized"] + 2, (st0, st1)
     assert st1["normalized_cache_hits"] == st0["normalized_cache_hits"] + 1, (st0, st1)
-    for o, t in ((3, "lokadb"), (4, "a RESET b"), (5, "it''s commit")):
+    for o, t in ((3, "lokadb"), (4, "a RESET b"), (5, "it''s commit"), (1, "x.Set_Config(y)"),
+                 (2, "PLAN_CACHE_MODE"), (3, "_x begin")):
         w.query(shape.format(o=o, t=t))
     st2 = stats(b)
     assert st2["statements_normalized"] == st1["statements_normalized"], (st1, st2)
-    # and the shape still serves the texts without session words
-    assert w.query(shape.format(o=1, t="it''s")).rows[0][0] == cnt
+    # and the shape still serves the texts without session words (longer or
+    # shorter words, a word that starts like one, digits and $ inside words)
+    for t in ("it''s", "commits rollbacks", "en", "lokadbx", "x1begin", "begin$1", "set_configs"):
+        assert w.query(shape.format(o=1, t=t)).rows[0][0] == cnt
     st3 = stats(b)
-    assert st3["statements_normalized"] == st2["statements_normalized"] + 1, (st2, st3)
-    assert st3["normalized_cache_hits"] == st2["normalized_cache_hits"] + 1, (st2, st3)
+    assert st3["statements_normalized"] == st2["statements_normalized"] + 7, (st2, st3)
+    assert st3["normalized_cache_hits"] == st2["normalized_cache_hits"] + 7, (st2, st3)
 
 
 def test_odd_literal_texts_get_postgresql_answer_and_the_session_goes_on(router, app):

@@ -127,15 +127,106 @@ end:
 	return ok;
 }
 
+/* A compiled template (or_template_compile/run, what org_routing uses per
+ * message) fills exactly as the template's own walk (or_template_fill_buf):
+ * same text, same failures, the same no_leaf; the buffer kept between calls. */
+static bool compiled_templates_fill_as_the_text(void)
+{
+	static const char *const tpls[] = {
+		"SELECT 1",
+		"",
+		"\"",
+		"SELECT \"a\"\"b\" FROM \"t\" WHERE x = \x01" "1\x02",
+		"INSERT INTO \"\x03public\x05" "documents\x04\" AS documents (organization_id, id, title) VALUES "
+		"(\x01" "1\x02, \x01" "2\x02, \x01" "3\x02)",
+		"SELECT d.id FROM \"\x03public\x05" "documents\x04\" d JOIN \"\x03My Schema\x05Projects\x04\" p "
+		"ON \x01" "2\x02 = \x01" "1\x02",
+		"SELECT \x01" "4\x02",			/* beyond the text's literals */
+		"SELECT \x01" "0\x02",			/* no literal 0 */
+		"SELECT \x01\x02",			/* no number */
+		"SELECT \x01" "1 FROM t",		/* not closed */
+		"SELECT \"\x03public\x05" "documents\" x",	/* a marker not closed */
+		"SELECT \"\x03public\x05" "documents\x04 x",
+		"SELECT \"\x03" "abcdefghijabcdefghijabcdefghijabcdefghijabcdefghijabcdefghijabcdefghij\x05t\x04\"",
+		"SELECT \"\x03My Schema\x05Projects\x04\", \x01" "1\x02",	/* no leaf for 6, before a literal */
+		"SELECT \x01" "1\x02, \"\x03My Schema\x05Projects\x04\"\"",
+		"SELECT \x01" "999999999999\x02",
+	};
+	static const char *const orgs[] = { "5", "6" };
+	struct or_norm n;
+	char *b1 = NULL, *b2 = NULL;
+	size_t c1 = 0, c2 = 0;
+	bool ok = true;
+
+	CHECK(or_normalize("SELECT id FROM documents WHERE organization_id = 5 AND title = 'x''y' LIMIT 3", &n));
+	for (size_t i = 0; i < sizeof(tpls) / sizeof(tpls[0]); i++) {
+		struct or_tpl *t = or_template_compile(tpls[i]);
+		CHECK(t != NULL);
+		for (int with_n = 0; with_n < 2; with_n++)
+			for (int lf = 0; lf < 2; lf++)
+				for (size_t o = 0; o < 2; o++) {
+					bool nl1 = true, nl2 = true, r1, r2;
+					const struct or_norm *np = with_n ? &n : NULL;
+					or_leaf_fn leaf = lf ? leaf_named : NULL;
+					r1 = or_template_fill_buf(tpls[i], np, leaf, (void *)orgs[o], &nl1, &b1, &c1);
+					r2 = or_template_run(t, np, leaf, (void *)orgs[o], &nl2, &b2, &c2);
+					if (r1 != r2 || nl1 != nl2 || (r1 && strcmp(b1, b2) != 0)) {
+						fprintf(stderr, "template %zu (n %d, leaf %d, org %s): %d/%d %d/%d\n", i,
+							with_n, lf, orgs[o], r1, r2, nl1, nl2);
+						ok = false;
+					}
+				}
+		or_template_free(t);
+	}
+	/* names as the deparser writes them: bare only with a digit and nothing but [a-z0-9_] */
+	{
+		static const char *const names[][2] = {
+			{ "versions_o42_1", "versions_o42_1" }, { "_1", "_1" }, { "versions", "\"versions\"" },
+			{ "Versions_o4_1", "\"Versions_o4_1\"" }, { "v-1", "\"v-1\"" }, { "1v", "\"1v\"" },
+			{ "a\"b1", "\"a\"\"b1\"" }, { "", "\"\"" }, { "caf\xc3\xa9_1", "\"caf\xc3\xa9_1\"" },
+		};
+		for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+			char buf[2 * NAMEDATALEN_OR + 3];
+			buf[put_ident(buf, names[i][0])] = 0;
+			CHECK_STR(buf, names[i][1]);
+		}
+	}
+	/* the insert template, filled */
+	{
+		struct or_tpl *t = or_template_compile(tpls[4]);
+		bool nl;
+		CHECK(t != NULL);
+		CHECK(or_template_run(t, &n, leaf_named, "5", &nl, &b2, &c2));
+		CHECK_STR(b2, "INSERT INTO documents_o5_1 AS documents (organization_id, id, title) VALUES (5, 'x''y', 3)");
+		or_template_free(t);
+	}
+end:
+	free(b1);
+	free(b2);
+	or_norm_free(&n);
+	return ok;
+}
+
 /* Normalize `sql` twice: through the shape of an earlier text (if any),
  * then with the shapes forgotten (the scanner): both results must be equal. */
 static bool same_both_ways(const char *sql, bool *normalized)
 {
-	struct or_norm a, b;
-	bool ra, rb, ok = true;
+	struct or_norm a, b, k;
+	bool ra, rb, rk, ok = true;
 
 	memset(&b, 0, sizeof(b));
+	rk = or_normalize_known(sql, &k);	/* the last shape first, then by skeleton */
 	ra = or_normalize(sql, &a);
+	if (rk) {
+		CHECK(ra);
+		CHECK_STR(k.text, a.text);
+		CHECK(k.n == a.n);
+		for (int i = 0; i < a.n && i < k.n; i++) {
+			CHECK_STR(k.vals[i], a.vals[i]);
+			CHECK_STR(k.toks[i], a.toks[i]);
+			CHECK(k.lens[i] == a.lens[i]);
+		}
+	}
 	or_shapes_free();
 	rb = or_normalize(sql, &b);
 	*normalized = ra;
@@ -152,6 +243,7 @@ static bool same_both_ways(const char *sql, bool *normalized)
 end:
 	if (!ok)
 		fprintf(stderr, "  text: %s\n", sql);
+	or_norm_free(&k);
 	or_norm_free(&a);
 	or_norm_free(&b);
 	return ok;
@@ -177,6 +269,15 @@ static bool shapes_give_what_the_scanner_gives(void)
 		{ "SELECT 'a', 1", "SELECT '', 1" },
 		{ "SELECT 1", "SELECT 1; SELECT $1" },
 		{ "SELECT 'a' -- x\n, 1", "SELECT 'b' -- x\n, 2" },
+		/* integers around 10^9 and 2^31, zeros; strings empty, plain, with quotes */
+		{ "SELECT 1, 'a'", "SELECT 999999999, ''" },
+		{ "SELECT 1, 'a'", "SELECT 1000000000, 'x y'" },
+		{ "SELECT 1, 'a'", "SELECT 2147483647, ''''" },
+		{ "SELECT 1, 'a'", "SELECT 2147483648, 'a'" },
+		{ "SELECT 1, 'a'", "SELECT 0, 'a''b'''" },
+		{ "SELECT 1, 'a'", "SELECT 00, 'ab'" },
+		{ "SELECT 1, 'a'", "SELECT 0123456789, '\"q\"'" },
+		{ "SELECT 1, 'a'", "SELECT 00000000002147483647, 'q'" },
 	};
 	bool ok = true, normalized = false;
 
@@ -317,6 +418,42 @@ end:
 	return ok;
 }
 
+/* Several shapes known: each text is tried on the shape matched last, then
+ * found by its skeleton; either way it gets what the scanner gives, and a
+ * text of no known shape is not normalized by or_normalize_known. */
+static bool the_last_shape_first(void)
+{
+	static const char *const texts[] = {
+		"INSERT INTO v (o, d, b) VALUES (5, 91, 'edited')",
+		"SELECT a FROM t WHERE o = 7 AND id = 3",
+		"INSERT INTO v (o, d, b) VALUES (6, 92, 'it''s')",
+		"INSERT INTO v (o, d, b) VALUES (6, 92, 'x') RETURNING 1",
+		"SELECT a FROM t WHERE o = 7 AND id = 3",
+		"SELECT a FROM t WHERE o = 8 AND id = 4",
+		"INSERT INTO v (o, d, b) VALUES (5, 91, 'edited')",
+		"INSERT INTO v (o, d, b) VALUES ('5', 91, 'edited')",
+		"INSERT INTO v (o, d, b) VALUES (5, 91, 'edited')",
+	};
+	bool ok = true, normalized;
+
+	or_shapes_free();
+	for (size_t i = 0; i < sizeof(texts) / sizeof(texts[0]); i++) {
+		struct or_norm n;
+		bool known = or_normalize_known(texts[i], &n);
+		or_norm_free(&n);
+		/* known exactly when an earlier text had its shape (the scanner's) */
+		CHECK(known == (i == 2 || i == 4 || i == 5 || i == 6 || i == 8));
+		CHECK(same_both_ways(texts[i], &normalized) && normalized);
+		/* same_both_ways forgot the shapes: learn every earlier one again */
+		for (size_t j = 0; j <= i; j++)
+			if (or_normalize(texts[j], &n))
+				or_norm_free(&n);
+	}
+end:
+	or_shapes_free();
+	return ok;
+}
+
 static const struct unit_case cases[] = {
 	{ "the prefilter memo of a shape", shape_prefilter_memo },
 	{ "every kind of literal", every_kind_of_literal },
@@ -324,7 +461,9 @@ static const struct unit_case cases[] = {
 	{ "forms left as written", norm_left_as_written },
 	{ "integers written as PostgreSQL writes them", format_int },
 	{ "templates", templates },
+	{ "compiled templates fill as the text", compiled_templates_fill_as_the_text },
 	{ "shapes give what the scanner gives", shapes_give_what_the_scanner_gives },
+	{ "the last shape first", the_last_shape_first },
 	{ NULL, NULL }
 };
 UNIT_MAIN("normalize", cases)
