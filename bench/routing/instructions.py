@@ -14,7 +14,8 @@ plugins/move/catalog.sql, as bench/routing_cost.py builds it).
 
 usage: instructions.py --pg-port P [--orgs 100] [--layout isolated|default]
                        [--workloads read,feed,update,insert] [--n1 500 --n2 2500]
-                       [--build LABEL=BINARY:PLUGIN_DIR ...] [--off]
+                       [--build LABEL=BINARY:PLUGIN_DIR ...] [--off] [--affinity N]
+                       [--no-build-db]
 """
 import argparse
 import os
@@ -76,7 +77,7 @@ def one_run(a, tmp, binary, plugin_dir, on, wl, n, per):
     ini += f"\n[databases]\n{DB} = host={a.pg_host} port={a.pg_port} dbname={DB}\n"
     if on:
         ini += (f"\n[plugin.meta_cache]\ncloud = host={a.pg_host} port={a.pg_port} dbname={DB} user=postgres\n"
-                f"\n[plugin.org_routing]\norg_affinity = 0\n")
+                f"\n[plugin.org_routing]\norg_affinity = {a.affinity}\n")
     (d / "lokadb.ini").write_text(ini)
     p = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={d}/cg.out", binary, "-q",
                           str(d / "lokadb.ini")], stdout=open(d / "out", "w"), stderr=subprocess.STDOUT,
@@ -120,18 +121,22 @@ def main():
     ap.add_argument("--build", action="append", default=[],
                     help=f"LABEL=BINARY:PLUGIN_DIR (default: this tree, {REPO}/lokadb:{REPO}/plugins)")
     ap.add_argument("--off", action="store_true", help="also the first build without plugins")
+    ap.add_argument("--affinity", type=int, default=0,
+                    help="org_routing's org_affinity with plugins on (default 0: off)")
+    ap.add_argument("--no-build-db", action="store_true",
+                    help="use the database an earlier run built (same --orgs, --docs and --layout)")
     a = ap.parse_args()
     builds = []
     for b in a.build or [f"this={REPO}/lokadb:{REPO}/plugins"]:
         label, rest = b.split("=", 1)
         binary, plugin_dir = rest.split(":", 1)
         builds.append((label, binary, plugin_dir))
-    per = build_db(a)
+    per = a.docs // a.orgs if a.no_build_db else build_db(a)
     runs = [(label, binary, pdir, True) for label, binary, pdir in builds]
     if a.off:
         runs.insert(0, ("off", builds[0][1], builds[0][2], False))
     print(f"lokadb instructions per statement (callgrind), {a.layout} {a.orgs}, pgbench -M simple -c 1, "
-          f"({a.n2} - {a.n1} statements)")
+          f"({a.n2} - {a.n1} statements), org_affinity {a.affinity}")
     with tempfile.TemporaryDirectory() as tmp:
         for wl in a.workloads.split(","):
             for label, binary, pdir, on in runs:
