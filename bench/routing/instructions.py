@@ -5,17 +5,19 @@ and without meta_cache + org_routing (doc/benchmarks.md, "Routing cost").
 
 Instruction counts (valgrind --tool=callgrind) do not depend on what else
 runs on the machine, unlike throughput and CPU time. For each build and
-workload: lokadb runs under callgrind, pgbench -M simple sends N1 statements
-(after a warm-up), lokadb stops; again with N2; the difference of the two
-totals divided by N2 - N1 is what one more statement costs (start, warm-up
-and the plugins' caches filling up cancel out). A database of its own is
+workload: lokadb runs under callgrind, pgbench -M simple -c 1 sends N1
+statements (after a warm-up: --warm-clients clients at once, which opens the
+pool's servers as the benchmark's warm-up does, then 200 statements), lokadb
+stops; again with N2; the difference of the two totals divided by N2 - N1 is
+what one more statement costs (start, warm-up and the plugins' caches filling
+up cancel out; the warm-up's share varies a little with timing). A database of its own is
 built first on the given PostgreSQL (bench/routing/schema.sql after
 plugins/move/catalog.sql, as bench/routing_cost.py builds it).
 
 usage: instructions.py --pg-port P [--orgs 100] [--layout isolated|default]
                        [--workloads read,feed,update,insert] [--n1 500 --n2 2500]
                        [--build LABEL=BINARY:PLUGIN_DIR ...] [--off] [--affinity N]
-                       [--no-build-db]
+                       [--warm-clients 16] [--no-build-db]
 """
 import argparse
 import os
@@ -97,6 +99,12 @@ def one_run(a, tmp, binary, plugin_dir, on, wl, n, per):
                                env=env, capture_output=True, text=True)
             if r.returncode:
                 sys.exit(f"pgbench failed:\n{r.stdout}\n{r.stderr}")
+        if a.warm_clients > 1:     # open the whole pool, as the benchmark's 32-client warm-up does
+            r = subprocess.run([str(PG_BIN / "pgbench"), "-n", "-M", "simple", "-f", str(HERE / f"{wl}.sql"),
+                                "-D", f"norgs={a.orgs}", "-D", f"per={per}", "-c", str(a.warm_clients), "-j", "2",
+                                "-t", "40", DB], env=env, capture_output=True, text=True)
+            if r.returncode:
+                sys.exit(f"pgbench failed:\n{r.stdout}\n{r.stderr}")
         bench(200)
         bench(n)
     finally:
@@ -123,6 +131,9 @@ def main():
     ap.add_argument("--off", action="store_true", help="also the first build without plugins")
     ap.add_argument("--affinity", type=int, default=0,
                     help="org_routing's org_affinity with plugins on (default 0: off)")
+    ap.add_argument("--warm-clients", type=int, default=16,
+                    help="clients of a short warm-up that opens the pool's servers (default 16; 1: none, "
+                         "then the pool has one server and org_affinity has nothing to choose from)")
     ap.add_argument("--no-build-db", action="store_true",
                     help="use the database an earlier run built (same --orgs, --docs and --layout)")
     a = ap.parse_args()
