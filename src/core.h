@@ -227,13 +227,15 @@ struct client {
 	uint64_t affinity;		/* a plugin's affinity key for server choice (0: none) */
 	int aff_max;			/* ... keys a server keeps at most */
 	int aff_passed;			/* times a waiting client was passed over for another's affinity */
-	int aff_home;			/* while waiting: its affinity key's home index (pool.c) */
+	int aff_home;			/* its affinity key's home index when it last asked for a server (pool.c) */
 };
 
 struct server {
 	TAILQ_ENTRY(server) entry;
 	uint64_t id;
 	enum server_state state;
+	int home;			/* its index in the pool (0, 1, ...): affinity keys assigned to it are at home on it;
+					 * next to entry: idle_server_for reads one cache line per idle server */
 	struct bufferevent *bev;
 	struct conn_io io;
 	struct pool *pool;
@@ -274,7 +276,6 @@ struct server {
 	uint8_t n_aff;
 	uint32_t known_cap, known_n;	/* every affinity key it served (up to AFF_KNOWN_MAX): */
 	uint64_t *known;		/* its backend has their partitions open (open addressing, 0 = free) */
-	int home;			/* its index in the pool (0, 1, ...): affinity keys assigned to it are at home on it */
 	struct tvars *tvars;		/* session values plugins asked for (query_set_var), plugin.c */
 };
 

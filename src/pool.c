@@ -317,7 +317,7 @@ static void pool_link(struct client *c, struct server *s)
 	s->last_used = s->linked_at = now;
 	c->pool->stats.server_assignment_count++;
 	if (c->affinity) {
-		if (key_home(c->pool, c->affinity, pool_size_of(c->pool)) == s->home)
+		if (c->aff_home == s->home)	/* idle_server_for set it */
 			c->pool->aff_home_count++;
 		else if (server_has_key(s, c->affinity))
 			c->pool->aff_known_count++;
@@ -682,28 +682,32 @@ static bool may_leave_home(struct pool *p, const struct client *head, int crowd,
  * (a plugin's, e.g. the organization): the key's home server, else one that
  * served the key before (server_has_key); if the home server is open but
  * busy, NULL and *hold: the client waits for it (may_leave_home,
- * pool_activate).
+ * pool_activate). Sets c->aff_home (-1 without a key) for pool_link and the
+ * wait. The home server is looked for first by its index alone (one cache
+ * line of each idle server): with one client and many keys it is idle
+ * nearly always.
  */
 static struct server *idle_server_for(struct pool *p, struct client *c, bool *hold)
 {
-	struct server *s, *served = NULL;
+	struct server *s;
 	bool any = false;
 	int home;
 
-	if (!c->affinity)
+	if (!c->affinity) {
+		c->aff_home = -1;
 		return idle_server(p);
-	home = key_home(p, c->affinity, pool_size_of(p));
+	}
+	c->aff_home = home = key_home(p, c->affinity, pool_size_of(p));
+	TAILQ_FOREACH(s, &p->idle_servers, entry)
+		if (s->home == home && server_usable(s))
+			return s;
 	TAILQ_FOREACH(s, &p->idle_servers, entry) {
 		if (!server_usable(s))
 			continue;
-		if (s->home == home)
+		if (server_has_key(s, c->affinity))
 			return s;
-		if (!served && server_has_key(s, c->affinity))
-			served = s;
 		any = true;
 	}
-	if (served)
-		return served;
 	if (any && home_open(p, home) && p->n_waiting_cl > 0) {
 		*hold = true;	/* others wait too: the idle servers are kept for their homes */
 		return NULL;
@@ -813,8 +817,7 @@ bool pool_acquire(struct client *c)
 		return true;
 	}
 	c->wait_start = rt->now = now_mono();
-	c->aff_passed = 0;
-	c->aff_home = c->affinity ? key_home(p, c->affinity, pool_size_of(p)) : -1;
+	c->aff_passed = 0;		/* c->aff_home: idle_server_for */
 	c->wait_notified = false;
 	pool_set_client_state(c, CL_WAITING);
 	if (pool_is_paused(p))

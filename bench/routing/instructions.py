@@ -5,16 +5,19 @@ and without meta_cache + org_routing (doc/benchmarks.md, "Routing cost").
 
 Instruction counts (valgrind --tool=callgrind) do not depend on what else
 runs on the machine, unlike throughput and CPU time. For each build and
-workload: lokadb runs under callgrind, pgbench -M simple sends N1 statements
-(after a warm-up), lokadb stops; again with N2; the difference of the two
-totals divided by N2 - N1 is what one more statement costs (start, warm-up
-and the plugins' caches filling up cancel out). A database of its own is
+workload: lokadb runs under callgrind, pgbench -M simple -c 1 sends N1
+statements (after a warm-up: --warm-clients clients at once, which opens the
+pool's servers as the benchmark's warm-up does, then 200 statements), lokadb
+stops; again with N2; the difference of the two totals divided by N2 - N1 is
+what one more statement costs (start, warm-up and the plugins' caches filling
+up cancel out; the warm-up's share varies a little with timing). A database of its own is
 built first on the given PostgreSQL (bench/routing/schema.sql after
 plugins/move/catalog.sql, as bench/routing_cost.py builds it).
 
 usage: instructions.py --pg-port P [--orgs 100] [--layout isolated|default]
                        [--workloads read,feed,update,insert] [--n1 500 --n2 2500]
-                       [--build LABEL=BINARY:PLUGIN_DIR ...] [--off]
+                       [--build LABEL=BINARY:PLUGIN_DIR ...] [--off] [--affinity N]
+                       [--warm-clients 16] [--no-build-db]
 """
 import argparse
 import os
@@ -76,7 +79,7 @@ def one_run(a, tmp, binary, plugin_dir, on, wl, n, per):
     ini += f"\n[databases]\n{DB} = host={a.pg_host} port={a.pg_port} dbname={DB}\n"
     if on:
         ini += (f"\n[plugin.meta_cache]\ncloud = host={a.pg_host} port={a.pg_port} dbname={DB} user=postgres\n"
-                f"\n[plugin.org_routing]\norg_affinity = 0\n")
+                f"\n[plugin.org_routing]\norg_affinity = {a.affinity}\n")
     (d / "lokadb.ini").write_text(ini)
     p = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={d}/cg.out", binary, "-q",
                           str(d / "lokadb.ini")], stdout=open(d / "out", "w"), stderr=subprocess.STDOUT,
@@ -94,6 +97,12 @@ def one_run(a, tmp, binary, plugin_dir, on, wl, n, per):
             r = subprocess.run([str(PG_BIN / "pgbench"), "-n", "-M", "simple", "-f", str(HERE / f"{wl}.sql"),
                                 "-D", f"norgs={a.orgs}", "-D", f"per={per}", "-c", "1", "-t", str(t), DB],
                                env=env, capture_output=True, text=True)
+            if r.returncode:
+                sys.exit(f"pgbench failed:\n{r.stdout}\n{r.stderr}")
+        if a.warm_clients > 1:     # open the whole pool, as the benchmark's 32-client warm-up does
+            r = subprocess.run([str(PG_BIN / "pgbench"), "-n", "-M", "simple", "-f", str(HERE / f"{wl}.sql"),
+                                "-D", f"norgs={a.orgs}", "-D", f"per={per}", "-c", str(a.warm_clients), "-j", "2",
+                                "-t", "40", DB], env=env, capture_output=True, text=True)
             if r.returncode:
                 sys.exit(f"pgbench failed:\n{r.stdout}\n{r.stderr}")
         bench(200)
@@ -120,18 +129,25 @@ def main():
     ap.add_argument("--build", action="append", default=[],
                     help=f"LABEL=BINARY:PLUGIN_DIR (default: this tree, {REPO}/lokadb:{REPO}/plugins)")
     ap.add_argument("--off", action="store_true", help="also the first build without plugins")
+    ap.add_argument("--affinity", type=int, default=0,
+                    help="org_routing's org_affinity with plugins on (default 0: off)")
+    ap.add_argument("--warm-clients", type=int, default=16,
+                    help="clients of a short warm-up that opens the pool's servers (default 16; 1: none, "
+                         "then the pool has one server and org_affinity has nothing to choose from)")
+    ap.add_argument("--no-build-db", action="store_true",
+                    help="use the database an earlier run built (same --orgs, --docs and --layout)")
     a = ap.parse_args()
     builds = []
     for b in a.build or [f"this={REPO}/lokadb:{REPO}/plugins"]:
         label, rest = b.split("=", 1)
         binary, plugin_dir = rest.split(":", 1)
         builds.append((label, binary, plugin_dir))
-    per = build_db(a)
+    per = a.docs // a.orgs if a.no_build_db else build_db(a)
     runs = [(label, binary, pdir, True) for label, binary, pdir in builds]
     if a.off:
         runs.insert(0, ("off", builds[0][1], builds[0][2], False))
     print(f"lokadb instructions per statement (callgrind), {a.layout} {a.orgs}, pgbench -M simple -c 1, "
-          f"({a.n2} - {a.n1} statements)")
+          f"({a.n2} - {a.n1} statements), org_affinity {a.affinity}")
     with tempfile.TemporaryDirectory() as tmp:
         for wl in a.workloads.split(","):
             for label, binary, pdir, on in runs:
