@@ -597,6 +597,27 @@ def run_pgbench(args, host, port, dbname, seconds, logprefix=None, cwd=None, tim
     return res
 
 
+# Student's t, two-sided 95 %, by degrees of freedom (1.96 beyond the table)
+T95 = [None, 12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+       2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086]
+
+
+def interval95(values):
+    """(mean, low, high): the 95 % confidence interval of the mean of
+    per-round values (Student's t); None with fewer than two values. Rounds
+    are interleaved, so a value is a paired comparison of two targets that
+    ran one after the other (a ratio of their rates, a difference of their
+    latencies): what the machine did meanwhile hits both."""
+    v = [x for x in values if x is not None]
+    n = len(v)
+    if n < 2:
+        return None
+    m = sum(v) / n
+    sd = math.sqrt(sum((x - m) ** 2 for x in v) / (n - 1))
+    h = (T95[n - 1] if n - 1 < len(T95) else 1.96) * sd / math.sqrt(n)
+    return m, m - h, m + h
+
+
 def percentile(sorted_vals, p):
     """Nearest-rank percentile of a sorted list (p in 0..100)."""
     if not sorted_vals:

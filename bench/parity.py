@@ -580,6 +580,7 @@ def targets_lines(bench):
     for row, cells in bench.results:
         by_group.setdefault(row.group, []).append((row, cells))
     for group in GROUPS:
+        ties = []
         rows = by_group.get(group)
         if not rows:
             sel = [r for r in bench.po.rows if r.group == group]
@@ -599,10 +600,12 @@ def targets_lines(bench):
                         why.append(f"{TARGETS[t].label} failed" + (f": {e}" if e else ""))
                 bad.append(f"{row.key} ({'; '.join(why)})")
                 continue
-            r = k.tps / base.tps
+            r, ci, behind = R.compare_tps(k, base)
             det.append(f"{row.key} {r:.2f}")
-            if r < 1.0:
-                bad.append(f"{row.key} ({r:.2f}x)")
+            if behind:
+                bad.append(f"{row.key} ({r:.3f}x, {R.fmt_interval(ci)})")
+            elif r < 1.0:
+                ties.append(f"{row.key} ({r:.3f}x, {R.fmt_interval(ci)})")
         if group == "prepared":
             what = (f"lokadb `-M prepared` (max_prepared_statements = {PREPARED_STATEMENTS}) "
                     f"throughput >= PgBouncer 1.18's best in transaction pooling (`-M extended`) "
@@ -612,8 +615,11 @@ def targets_lines(bench):
         else:
             what = ("with two processes on one port (so_reuseport), lokadb throughput >= "
                     "PgBouncer's in every row")
-        out.append(R.verdict(not bad and bool(det), what,
-                             "lokadb / PgBouncer: " + ", ".join(det) if det else "", bad))
+        what += " (or not measurably lower: the 95 % interval of the per-round ratios reaches 1.00)"
+        detail = "lokadb / PgBouncer: " + ", ".join(det) if det else ""
+        if ties:
+            detail += "; ties (under 1.00 by less than the rounds tell apart): " + ", ".join(ties)
+        out.append(R.verdict(not bad and bool(det), what, detail, bad))
         if group == "prepared":
             ref = []
             for row, cells in rows:

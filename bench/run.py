@@ -225,6 +225,8 @@ class Cell:
         self.errors = []
         self.cpu = 0.0            # pooler CPU seconds in the measured runs
         self.cpu_known = True
+        self.round_tps = []       # per measured round (paired comparisons: bl.interval95)
+        self.round_p50 = []
 
     def add(self, res):
         if res.cpu is None:
@@ -234,6 +236,8 @@ class Cell:
         self.transactions += res.transactions
         self.elapsed += res.elapsed or 0.0
         self.latencies.extend(res.latencies_us)
+        self.round_tps.append(res.transactions / res.elapsed if res.elapsed else None)
+        self.round_p50.append(bl.percentile(sorted(res.latencies_us), 50))
 
     def finish(self):
         self.latencies.sort()
@@ -656,28 +660,58 @@ def plugin_targets(results):
     return out
 
 
+def compare_tps(k, b):
+    """lokadb's cell k against cell b of the same row: (pooled ratio, the
+    95 % interval of the per-round ratios or None, behind). lokadb is behind
+    only when it is measurably slower: the pooled ratio is under 1.00 and
+    so is the top of the interval (with one round: the ratio alone)."""
+    r = k.tps / b.tps
+    ci = bl.interval95([x / y if x and y else None for x, y in zip(k.round_tps, b.round_tps)])
+    return r, ci, r < 1.0 and (ci is None or ci[2] < 1.0)
+
+
+def compare_p50(k, b):
+    """The same for the p50 latency: (the 95 % interval of the per-round
+    differences k - b in µs or None, behind) given that the pooled p50 of k
+    is higher; behind when the bottom of the interval is above 0 too."""
+    ci = bl.interval95([x - y if x is not None and y is not None else None
+                        for x, y in zip(k.round_p50, b.round_p50)])
+    return ci, ci is None or ci[1] > 0
+
+
+def fmt_interval(ci, f=".2f"):
+    return f"rounds {format(ci[1], f)} to {format(ci[2], f)}" if ci else "one round"
+
+
 def targets(results):
-    """Pass/fail lines for the three targets."""
+    """Pass/fail lines for the three targets. A row where lokadb is under
+    PgBouncer by less than the rounds can tell (compare_tps, compare_p50) is
+    a tie: listed, not failed."""
     out = []
     rows = [(s, c, cells) for s, c, cells in results]
     name = lambda s, c: f"{s.name}:{c}"  # noqa: E731
 
-    bad, worst, n = [], None, 0
+    bad, ties, worst, n = [], [], None, 0
     for s, c, cells in rows:
         k, b = cells["lokadb"], cells["pgbouncer"]
         if not (k.ok and b.ok):
             bad.append(f"{name(s, c)} (failed run)")
             continue
         n += 1
-        r = k.tps / b.tps
+        r, ci, behind = compare_tps(k, b)
         worst = r if worst is None else min(worst, r)
-        if r < 1.0:
-            bad.append(f"{name(s, c)} ({r:.2f}x)")
-    out.append(verdict(not bad and n > 0, "lokadb throughput >= PgBouncer's in every row",
-                       f"lowest lokadb/PgBouncer ratio {worst:.2f}" if worst is not None else "",
-                       bad))
+        if behind:
+            bad.append(f"{name(s, c)} ({r:.3f}x, {fmt_interval(ci)})")
+        elif r < 1.0:
+            ties.append(f"{name(s, c)} ({r:.3f}x, {fmt_interval(ci)})")
+    detail = f"lowest lokadb/PgBouncer ratio {worst:.3f}" if worst is not None else ""
+    if ties:
+        detail += "; ties (under 1.00 by less than the rounds tell apart): " + ", ".join(ties)
+    out.append(verdict(not bad and n > 0, "lokadb throughput >= PgBouncer's in every row, "
+                       "or not measurably lower (the 95 % interval of the per-round ratios "
+                       "reaches 1.00)", detail, bad))
 
-    bad, n = [], 0
+    bad, ties, n = [], [], 0
     for s, c, cells in rows:
         k, b, d = cells["lokadb"], cells["pgbouncer"], cells["direct"]
         if not (k.ok and b.ok and d.ok):
@@ -686,9 +720,14 @@ def targets(results):
         n += 1
         ka, ba = (k.p50 - d.p50) / 1000.0, (b.p50 - d.p50) / 1000.0
         if ka > ba:
-            bad.append(f"{name(s, c)} (lokadb {ka:+.3f} ms vs PgBouncer {ba:+.3f} ms)")
+            ci, behind = compare_p50(k, b)
+            what = (f"{name(s, c)} (lokadb {ka:+.3f} ms vs PgBouncer {ba:+.3f} ms, "
+                    f"{fmt_interval(ci, '+.0f')} µs)")
+            (bad if behind else ties).append(what)
     out.append(verdict(not bad and n > 0, "lokadb's added p50 latency <= PgBouncer's in "
-                       "every row", "", bad))
+                       "every row, or not measurably higher (the 95 % interval of the "
+                       "per-round differences of p50 reaches 0)",
+                       "ties: " + ", ".join(ties) if ties else "", bad))
 
     conn = [(s, c, cells) for s, c, cells in rows if s.name == "connect"]
     if not conn:
