@@ -455,7 +455,8 @@ static bool server_has_key(const struct server *s, uint64_t key)
 /*
  * Remember that s served key: its backend has opened the key's partitions,
  * so another statement of that key costs it nothing new (waiting_for,
- * idle_server_for). Up to AFF_KNOWN_MAX keys; beyond, only aff[] says.
+ * idle_server_for). Up to AFF_KNOWN_SLOTS / 2 keys (2,048, 32 KB); beyond,
+ * only aff[] says.
  */
 static void server_know_key(struct server *s, uint64_t key)
 {
@@ -465,7 +466,7 @@ static void server_know_key(struct server *s, uint64_t key)
 		uint32_t cap = s->known_cap ? s->known_cap * 2 : 64;
 		uint64_t *old = s->known, *nk;
 
-		if (cap > AFF_KNOWN_MAX || !(nk = calloc(cap, sizeof(*nk))))
+		if (cap > AFF_KNOWN_SLOTS || !(nk = calloc(cap, sizeof(*nk))))
 			return;
 		for (uint32_t j = 0; j < s->known_cap; j++) {
 			if (!old[j])

@@ -360,7 +360,7 @@ struct lk_api {
 	 * its home server has served one client for 10 ms, or 50 ms have
 	 * passed; a server that comes free goes to a waiting client of its home
 	 * first, then to one whose key it served before (doc/plugins.md). Each
-	 * server remembers its last max_per_server keys (1..32) and up to 4,096
+	 * server remembers its last max_per_server keys (1..32) and up to 2,048
 	 * keys it ever served. key NULL: no preference. */
 	void (*client_set_affinity)(lk_client *c, const char *key, int max_per_server);
 
