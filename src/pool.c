@@ -436,20 +436,23 @@ static bool server_usable(const struct server *s)
 
 static uint64_t aff_mix(uint64_t k);
 
+/* The slot of key in an open-addressing table of keys (0 = free), or the free slot it would take. */
+static uint32_t key_slot(const uint64_t *keys, uint32_t cap, uint64_t key)
+{
+	uint32_t i = (uint32_t)aff_mix(key) & (cap - 1);
+
+	while (keys[i] && keys[i] != key)
+		i = (i + 1) & (cap - 1);
+	return i;
+}
+
 /* Has s served key, lately (aff[]) or ever (known, while there was room)? */
 static bool server_has_key(const struct server *s, uint64_t key)
 {
 	for (int i = 0; i < s->n_aff; i++)
 		if (s->aff[i] == key)
 			return true;
-	if (s->known_n == 0)
-		return false;
-	for (uint32_t i = (uint32_t)aff_mix(key) & (s->known_cap - 1);; i = (i + 1) & (s->known_cap - 1)) {
-		if (s->known[i] == key)
-			return true;
-		if (!s->known[i])
-			return false;
-	}
+	return s->known_n > 0 && s->known[key_slot(s->known, s->known_cap, key)] == key;
 }
 
 /*
@@ -468,22 +471,18 @@ static void server_know_key(struct server *s, uint64_t key)
 
 		if (cap > AFF_KNOWN_SLOTS || !(nk = calloc(cap, sizeof(*nk))))
 			return;
-		for (uint32_t j = 0; j < s->known_cap; j++) {
-			if (!old[j])
-				continue;
-			for (i = (uint32_t)aff_mix(old[j]) & (cap - 1); nk[i]; i = (i + 1) & (cap - 1))
-				;
-			nk[i] = old[j];
-		}
+		for (uint32_t j = 0; j < s->known_cap; j++)
+			if (old[j])
+				nk[key_slot(nk, cap, old[j])] = old[j];
 		free(old);
 		s->known = nk;
 		s->known_cap = cap;
 	}
-	for (i = (uint32_t)aff_mix(key) & (s->known_cap - 1); s->known[i]; i = (i + 1) & (s->known_cap - 1))
-		if (s->known[i] == key)
-			return;
-	s->known[i] = key;
-	s->known_n++;
+	i = key_slot(s->known, s->known_cap, key);
+	if (!s->known[i]) {
+		s->known[i] = key;
+		s->known_n++;
+	}
 }
 
 /*
@@ -532,11 +531,7 @@ static void aff_map_free(struct aff_map *m)
 /* The slot of key in m (its own, or the free one it would take). */
 static uint32_t aff_slot(const struct aff_map *m, uint64_t key)
 {
-	uint32_t i = (uint32_t)aff_mix(key) & (m->cap - 1);
-
-	while (m->keys[i] && m->keys[i] != key)
-		i = (i + 1) & (m->cap - 1);
-	return i;
+	return key_slot(m->keys, m->cap, key);
 }
 
 static bool aff_grow(struct aff_map *m)
