@@ -675,8 +675,13 @@ static bool may_leave_home(struct pool *p, const struct client *head, int crowd,
 
 /*
  * An idle server for a client that does not wait yet. With an affinity key
- * (a plugin's, e.g. the organization): the key's home server, else one that
- * served the key before (server_has_key); if the home server is open but
+ * (a plugin's, e.g. the organization): the idle server used last if it is
+ * the key's home or served the key before (server_has_key: its backend has
+ * the key's partitions open, and staying on one backend keeps its caches
+ * and its processor warm: one client with 1,000 organizations no longer
+ * moves to another backend at every statement once each backend has seen
+ * them), else the key's home server, else one that served the key before;
+ * if the home server is open but
  * busy, NULL and *hold: the client waits for it (may_leave_home,
  * pool_activate). Sets c->aff_home (-1 without a key) for pool_link and the
  * wait. The home server is looked for first by its index alone (one cache
@@ -694,6 +699,9 @@ static struct server *idle_server_for(struct pool *p, struct client *c, bool *ho
 		return idle_server(p);
 	}
 	c->aff_home = home = key_home(p, c->affinity, pool_size_of(p));
+	s = TAILQ_FIRST(&p->idle_servers);	/* the one used last: its backend is warm */
+	if (s && server_usable(s) && (s->home == home || server_has_key(s, c->affinity)))
+		return s;
 	TAILQ_FOREACH(s, &p->idle_servers, entry)
 		if (s->home == home && server_usable(s))
 			return s;
@@ -712,16 +720,19 @@ static struct server *idle_server_for(struct pool *p, struct client *c, bool *ho
 }
 
 /*
- * The waiting client an idle server s takes: the first of the next AFF_SCAN
- * whose key is at home on s or who has no key, else the first s served
- * before (server_has_key), else the oldest if it may leave its home
- * (may_leave_home), else nobody: s stays idle for a client of its own.
+ * The waiting client an idle server s takes: the oldest if s served its key
+ * before (server_has_key), else the first of the next AFF_SCAN whose key is
+ * at home on s or who has no key, else the first s served before, else the
+ * oldest if it may leave its home (may_leave_home), else nobody: s stays
+ * idle for a client of its own.
  */
 static struct client *waiting_for(struct pool *p, struct server *s)
 {
 	struct client *head = TAILQ_FIRST(&p->waiting_clients), *c, *served = NULL;
 	int n = 0, crowd = 0;
 
+	if (head && head->affinity && head->aff_home != s->home && server_has_key(s, head->affinity))
+		return head;	/* the oldest, and s opens nothing new for it */
 	for (c = head; c && n < AFF_SCAN; c = TAILQ_NEXT(c, entry), n++) {
 		if (!c->affinity || c->aff_home == s->home)
 			break;

@@ -917,6 +917,57 @@ def test_affinity_a_free_server_goes_first_to_a_waiting_key_it_served_before(bou
         c.close()
 
 
+def test_affinity_a_warm_server_that_served_the_key_goes_before_its_home(bouncer_factory):
+    """A server that served a key before has that key's partitions open: the
+    idle server used last takes such a key's statement rather than the key's
+    own idle home (one client with many keys then stays on one warm backend
+    instead of moving at every statement), and a server that comes free
+    goes to the oldest waiting client whose key it served before, ahead of a
+    younger client at home on it."""
+    b = hooks(bouncer_factory, {"affinity_max": "1"},
+              settings={"pool_mode": "transaction", "default_pool_size": 3})
+    seen = _pids_by_app(b, ["org-a", "org-b", "org-c"], 1)
+    pid = {a: v[0] for a, v in seen.items()}
+    assert len(set(pid.values())) == 3, seen
+    hold = {a: b.connect("p0", "pooluser1", application_name=a) for a in ("org-a", "org-b", "org-c")}
+    for a in ("org-a", "org-b"):
+        hold[a].execute("begin")
+        assert hold[a].execute("select pg_backend_pid()").fetchone()[0] == pid[a]
+    # org-a's home is busy: org-a runs on org-c's server, which now knows it
+    with b.connect("p0", "pooluser1", application_name="org-a") as a1:
+        assert a1.execute("select pg_backend_pid()").fetchone()[0] == pid["org-c"]
+    for a in ("org-a", "org-b"):
+        hold[a].execute("commit")
+    # org-c's statement makes its home the idle server used last
+    assert hold["org-c"].execute("select pg_backend_pid()").fetchone()[0] == pid["org-c"]
+    # org-a's home is idle, but the warm server used last served org-a before
+    with b.connect("p0", "pooluser1", application_name="org-a") as a1:
+        assert a1.execute("select pg_backend_pid()").fetchone()[0] == pid["org-c"]
+        # ... and its home server is still its home when the warm one is not idle
+        a1.execute("begin")
+        assert a1.execute("select pg_backend_pid()").fetchone()[0] == pid["org-c"]
+        with b.connect("p0", "pooluser1", application_name="org-a") as a2:
+            assert a2.execute("select pg_backend_pid()").fetchone()[0] == pid["org-a"]
+        a1.execute("commit")
+    # every server busy; an org-a client waits, then an org-c client (at home on org-c's server)
+    for a in ("org-c", "org-a", "org-b"):         # org-c first: org-c's server also knows org-a
+        hold[a].execute("begin")
+        assert hold[a].execute("select pg_backend_pid()").fetchone()[0] == pid[a]
+    a2 = b.login("p0", "pooluser1", params={"application_name": "org-a"})
+    c2 = b.login("p0", "pooluser1", params={"application_name": "org-c"})
+    a2.send_msg(b"Q", b"select pg_backend_pid()\0")
+    wait_until(lambda: _waiting(b) == 1, 5 * SLOW, what="org-a's second client waiting")
+    c2.send_msg(b"Q", b"select pg_backend_pid()\0")
+    wait_until(lambda: _waiting(b) == 2, 5 * SLOW, what="two clients waiting")
+    hold["org-c"].execute("commit")                 # org-c's server, which served org-a, is free
+    assert a2.read_until_ready(timeout=5).rows == [[str(pid["org-c"])]]
+    assert c2.read_until_ready(timeout=5).rows == [[str(pid["org-c"])]]
+    for a in ("org-a", "org-b"):
+        hold[a].execute("commit")
+    for c in hold.values():
+        c.close()
+
+
 # ------------------------------------------------------------------ ROUTE --
 
 def test_route_hook_picks_the_pool_of_another_database(bouncer_factory):
