@@ -5,6 +5,7 @@ query_wait_notify and cancel_wait_timeout."""
 
 import socket
 import struct
+import threading
 import time
 
 import pytest
@@ -316,3 +317,97 @@ def test_a_database_entry_has_its_own_auth_query_and_auth_dbname(bouncer_factory
     for dbname in ("aqb", "aqc"):
         err = b.login_error(dbname, aq_role, password=AQ_PASSWORD)
         assert_error(err, "28P01", f'password authentication failed for user "{aq_role}"')
+
+
+class CancelSwallower:
+    """A TCP relay on 127.0.0.1 in front of PostgreSQL that passes every
+    connection through, except one that starts with a CancelRequest: that one
+    it keeps open and silent (a server that never answers nor closes), so the
+    pooler's wait for the close is what ends it."""
+
+    def __init__(self, pg_host, pg_port):
+        self.target = (pg_host, pg_port)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.held, self.open, self.cancels = [], [], 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _pump(self, src, dst):
+        try:
+            while not self.stop.is_set():
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _accept(self):
+        while not self.stop.is_set():
+            try:
+                c, _ = self.sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            c.settimeout(5)
+            try:
+                head = c.recv(8, socket.MSG_WAITALL)
+            except OSError:
+                c.close()
+                continue
+            if len(head) == 8 and struct.unpack("!II", head) == (16, CANCEL_CODE):
+                self.cancels += 1
+                self.held.append(c)         # never answered, never closed (until close())
+                continue
+            up = socket.create_connection(self.target, timeout=5)
+            c.settimeout(None)
+            up.settimeout(None)
+            up.sendall(head)
+            self.open += [c, up]
+            for a, z in ((c, up), (up, c)):
+                threading.Thread(target=self._pump, args=(a, z), daemon=True).start()
+
+    def close(self):
+        self.stop.set()
+        for s in [self.sock] + self.held + self.open:
+            try:
+                s.close()
+            except OSError:
+                pass
+        self.thread.join(5)
+
+
+def test_a_cancel_request_postgresql_never_closes_is_dropped_after_cancel_wait_timeout(bouncer_factory, pg):
+    """The pooler passes a client's cancel to PostgreSQL on a new connection
+    and waits for PostgreSQL to close it; a server side that never does is
+    given up after cancel_wait_timeout with PgBouncer's log line, and every
+    client, the cancelling one too, goes on."""
+    relay = CancelSwallower(pg.host, pg.port)
+    try:
+        b = bouncer_factory(settings={"cancel_wait_timeout": 1, "pool_mode": "transaction"},
+                            databases={"via": f"host=127.0.0.1 port={relay.port} dbname=p0"})
+        with b.connect("via") as slow, b.connect("via") as other:
+            call = BgCall(lambda: slow.execute("select pg_sleep(2), 1").fetchone()[1])
+            wait_until(lambda: any(r["state"] == "active" for r in b.admin_dicts("SHOW SERVERS")
+                                   if r["database"] == "via"), 3 * SLOW, what="the sleep to run")
+            start = time.monotonic()
+            slow.cancel()
+            wait_until(lambda: relay.cancels == 1, 3 * SLOW, what="the cancel to reach the relay")
+            assert other.execute("select 42").fetchone()[0] == 42      # others go on meanwhile
+            b.wait_log(r"cancel request closing because: cancel_wait_timeout \(age=", timeout=4 * SLOW)
+            assert time.monotonic() - start >= 0.8
+            assert call.result(5 * SLOW) == 1                       # never cancelled: it ran out
+            assert slow.execute("select 7").fetchone()[0] == 7
+    finally:
+        relay.close()
