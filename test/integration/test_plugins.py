@@ -846,6 +846,17 @@ def _waiting(b):
     return sum(int(r["cl_waiting"]) for r in b.admin_dicts("SHOW POOLS") if r["database"] == "p0")
 
 
+def _queue_two(b, first, second, second_sql=b"select pg_backend_pid()\0"):
+    """A client of key `first`, then one of key `second` (sending second_sql)
+    wait for a server, in that order; returns their connections."""
+    w1, w2 = (b.login("p0", "pooluser1", params={"application_name": k}) for k in (first, second))
+    w1.send_msg(b"Q", b"select pg_backend_pid()\0")
+    wait_until(lambda: _waiting(b) == 1, 5 * SLOW, what=f"{first}'s second client waiting")
+    w2.send_msg(b"Q", second_sql)
+    wait_until(lambda: _waiting(b) == 2, 5 * SLOW, what="two clients waiting")
+    return w1, w2
+
+
 def test_affinity_a_client_waiting_for_its_busy_home_takes_another_server_soon(bouncer_factory):
     """Three keys, three servers, each key at home on one. Keys A and B keep
     their servers in open transactions; a second A and a second B wait. When
@@ -860,12 +871,7 @@ def test_affinity_a_client_waiting_for_its_busy_home_takes_another_server_soon(b
     for a, c in hold.items():
         c.execute("begin")
         assert c.execute("select pg_backend_pid()").fetchone()[0] == seen[a][0]
-    a2 = b.login("p0", "pooluser1", params={"application_name": "org-a"})
-    b2 = b.login("p0", "pooluser1", params={"application_name": "org-b"})
-    a2.send_msg(b"Q", b"select pg_backend_pid()\0")
-    wait_until(lambda: _waiting(b) == 1, 5 * SLOW, what="org-a's second client waiting")
-    b2.send_msg(b"Q", b"select pg_backend_pid()\0")
-    wait_until(lambda: _waiting(b) == 2, 5 * SLOW, what="two clients waiting")
+    a2, b2 = _queue_two(b, "org-a", "org-b")
     hold["org-c"].execute("commit")                 # C's server is idle now
     res = a2.read_until_ready(timeout=5)            # the oldest waiting client gets it
     assert res.rows == [[str(seen["org-c"][0])]], res.rows
@@ -899,12 +905,7 @@ def test_affinity_a_free_server_goes_first_to_a_waiting_key_it_served_before(bou
     hold["org-c"] = b.connect("p0", "pooluser1", application_name="org-c")
     hold["org-c"].execute("begin")
     assert hold["org-c"].execute("select pg_backend_pid()").fetchone()[0] == pid["org-c"]
-    b2 = b.login("p0", "pooluser1", params={"application_name": "org-b"})
-    a2 = b.login("p0", "pooluser1", params={"application_name": "org-a"})
-    b2.send_msg(b"Q", b"select pg_backend_pid()\0")
-    wait_until(lambda: _waiting(b) == 1, 5 * SLOW, what="org-b's second client waiting")
-    a2.send_msg(b"Q", b"begin; select pg_backend_pid()\0")    # keeps the server it gets
-    wait_until(lambda: _waiting(b) == 2, 5 * SLOW, what="two clients waiting")
+    b2, a2 = _queue_two(b, "org-b", "org-a", b"begin; select pg_backend_pid()\0")  # a2 keeps its server
     time.sleep(0.05)        # org-b's home has served one client 10 ms: org-b may leave it
     hold["org-c"].execute("commit")                 # org-c's server is idle now
     assert a2.read_until_ready(timeout=5).rows == [[str(pid["org-c"])]]
@@ -953,12 +954,7 @@ def test_affinity_a_warm_server_that_served_the_key_goes_before_its_home(bouncer
     for a in ("org-c", "org-a", "org-b"):         # org-c first: org-c's server also knows org-a
         hold[a].execute("begin")
         assert hold[a].execute("select pg_backend_pid()").fetchone()[0] == pid[a]
-    a2 = b.login("p0", "pooluser1", params={"application_name": "org-a"})
-    c2 = b.login("p0", "pooluser1", params={"application_name": "org-c"})
-    a2.send_msg(b"Q", b"select pg_backend_pid()\0")
-    wait_until(lambda: _waiting(b) == 1, 5 * SLOW, what="org-a's second client waiting")
-    c2.send_msg(b"Q", b"select pg_backend_pid()\0")
-    wait_until(lambda: _waiting(b) == 2, 5 * SLOW, what="two clients waiting")
+    a2, c2 = _queue_two(b, "org-a", "org-c")
     hold["org-c"].execute("commit")                 # org-c's server, which served org-a, is free
     assert a2.read_until_ready(timeout=5).rows == [[str(pid["org-c"])]]
     assert c2.read_until_ready(timeout=5).rows == [[str(pid["org-c"])]]
