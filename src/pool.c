@@ -677,16 +677,13 @@ static bool may_leave_home(struct pool *p, const struct client *head, int crowd,
  * An idle server for a client that does not wait yet. With an affinity key
  * (a plugin's, e.g. the organization): the idle server used last if it is
  * the key's home or served the key before (server_has_key: its backend has
- * the key's partitions open, and staying on one backend keeps its caches
- * and its processor warm: one client with 1,000 organizations no longer
- * moves to another backend at every statement once each backend has seen
- * them), else the key's home server, else one that served the key before;
- * if the home server is open but
- * busy, NULL and *hold: the client waits for it (may_leave_home,
- * pool_activate). Sets c->aff_home (-1 without a key) for pool_link and the
- * wait. The home server is looked for first by its index alone (one cache
- * line of each idle server): with one client and many keys it is idle
- * nearly always.
+ * the key's partitions open, and the backend used last is the warmest),
+ * else the key's home server, else one that served the key before; if the
+ * home server is open but busy, NULL and *hold: the client waits for it
+ * (may_leave_home, pool_activate). Sets c->aff_home (-1 without a key) for
+ * pool_link and the wait. The home server is looked for by its index alone
+ * (one cache line of each idle server): with one client and many keys it
+ * is idle nearly always.
  */
 static struct server *idle_server_for(struct pool *p, struct client *c, bool *hold)
 {
