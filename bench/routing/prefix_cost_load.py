@@ -7,16 +7,18 @@ pgbench runs C clients straight to PostgreSQL (no pooler) on a database with
 isolated organizations made from bench/routing/schema.sql (the routing
 benchmark's, or the one `instructions.py --layout isolated` leaves), each
 transaction the benchmark's insert into `versions` for one of K organizations
-drawn from the database, sent four ways: on the organization's leaf or on the
-parent, alone or with `SET lokadb.org = '<id>'; ` in front in the same Query
-(what lokadb sends when a server connection changes organization). The CPU of
+drawn from the database, sent in the ways --cases names: by default four, on
+the organization's leaf or on the parent, alone or with `SET lokadb.org =
+'<id>'; ` in front in the same Query (what lokadb sends when a server
+connection changes organization); also `SELECT 1; ` or `SET LOCAL ...; ` in
+front, or the SET after the insert. The CPU of
 every PostgreSQL process is read from /proc over the middle of each run (so
 PostgreSQL must run on this machine, as this user or root) and divided by the
 transactions in that time. Prints, per case, the runs' µs per transaction
 and their mean, the cases interleaved run by run.
 
 usage: prefix_cost_load.py --port P [--host H] [--user U] --db D [--clients C]
-                           [--orgs K] [--seconds S] [--runs R]
+                           [--orgs K] [--seconds S] [--runs R] [--cases A,B,...]
 """
 import argparse
 import os
@@ -50,6 +52,20 @@ def pg_cpu(postmaster):
     return total / tck
 
 
+# --cases NAME: (what the report calls it, the pgbench line; \\; keeps one Query)
+CASES = {
+    "leaf": ("insert on the leaf", "{ins_leaf}"),
+    "set-leaf": ("SET lokadb.org; insert on the leaf (one Query: what lokadb sends)",
+                 "SET lokadb.org = '{org}'\\; {ins_leaf}"),
+    "parent": ("insert on the parent", "{ins_parent}"),
+    "set-parent": ("SET lokadb.org; insert on the parent (one Query)", "SET lokadb.org = '{org}'\\; {ins_parent}"),
+    "select1-leaf": ("SELECT 1; insert on the leaf (one Query)", "SELECT 1\\; {ins_leaf}"),
+    "setlocal-leaf": ("SET LOCAL lokadb.org; insert on the leaf (one Query)",
+                      "SET LOCAL lokadb.org = '{org}'\\; {ins_leaf}"),
+    "leaf-set": ("insert on the leaf; SET lokadb.org after it (one Query)", "{ins_leaf}\\; SET lokadb.org = '{org}'"),
+}
+
+
 def scripts(a, dirname):
     """One pgbench script per organization and case: its leaf and a document of its own."""
     rows = psql(a, f"SELECT organization_id, tableoid::regclass, document_id FROM "
@@ -58,14 +74,9 @@ def scripts(a, dirname):
     leaves = [r for r in rows if r[1] not in ("versions", "versions_default")]
     if not leaves:
         raise SystemExit("no organization of this database has a leaf of its own (isolated layout?)")
-    cases = {
-        "insert on the leaf": "{ins_leaf}",
-        "SET lokadb.org; insert on the leaf (one Query: what lokadb sends)": "SET lokadb.org = '{org}'\\; {ins_leaf}",
-        "insert on the parent": "{ins_parent}",
-        "SET lokadb.org; insert on the parent (one Query)": "SET lokadb.org = '{org}'\\; {ins_parent}",
-    }
     files = {}
-    for name, form in cases.items():
+    for key in a.cases:
+        name, form = CASES[key]
         files[name] = []
         for i, (org, leaf, doc) in enumerate(leaves):
             ins = "INSERT INTO {t} (organization_id, document_id, body) VALUES (" + org + ", " + doc + ", 'edited')"
@@ -104,7 +115,12 @@ def main():
     ap.add_argument("--orgs", type=int, default=100, help="organizations drawn (default 100)")
     ap.add_argument("--seconds", type=int, default=12)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--cases", default="leaf,set-leaf,parent,set-parent",
+                    help="comma list of " + ", ".join(CASES) + " (default leaf,set-leaf,parent,set-parent)")
     a = ap.parse_args()
+    a.cases = a.cases.split(",")
+    if any(c not in CASES for c in a.cases):
+        raise SystemExit(f"--cases: each of {', '.join(CASES)}")
     if a.seconds < 6:
         raise SystemExit("--seconds must be at least 6")
     datadir = psql(a, "SHOW data_directory")[0][0]
