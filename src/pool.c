@@ -674,10 +674,25 @@ static bool may_leave_home(struct pool *p, const struct client *head, int crowd,
 }
 
 /*
+ * A client alone in its pool (no other client logged in, waiting or
+ * logging in) stays on the idle server used last, as without affinity: no
+ * other client's statements share the backends, so spreading its keys
+ * over them bounds nothing that matters, while moving to another backend at
+ * nearly every statement cost one client up to half its throughput
+ * (doc/benchmarks.md). Its backend then opens what it would have opened
+ * without affinity.
+ */
+static bool alone_in_pool(const struct pool *p, const struct client *c)
+{
+	return c->state == CL_ACTIVE && p->n_active_cl == 1 && p->n_waiting_cl == 0 && p->n_login_cl == 0;
+}
+
+/*
  * An idle server for a client that does not wait yet. With an affinity key
  * (a plugin's, e.g. the organization): the idle server used last if it is
  * the key's home or served the key before (server_has_key: its backend has
- * the key's partitions open, and the backend used last is the warmest),
+ * the key's partitions open, and the backend used last is the warmest) or
+ * the client is alone in its pool (alone_in_pool),
  * else the key's home server, else one that served the key before; if the
  * home server is open but busy, NULL and *hold: the client waits for it
  * (may_leave_home, pool_activate). Sets c->aff_home (-1 without a key) for
@@ -697,7 +712,8 @@ static struct server *idle_server_for(struct pool *p, struct client *c, bool *ho
 	}
 	c->aff_home = home = key_home(p, c->affinity, pool_size_of(p));
 	s = TAILQ_FIRST(&p->idle_servers);	/* the one used last: its backend is warm */
-	if (s && server_usable(s) && (s->home == home || server_has_key(s, c->affinity)))
+	if (s && server_usable(s) &&
+	    (s->home == home || server_has_key(s, c->affinity) || alone_in_pool(p, c)))
 		return s;
 	TAILQ_FOREACH(s, &p->idle_servers, entry)
 		if (s->home == home && server_usable(s))

@@ -656,10 +656,12 @@ def test_each_organization_keeps_its_server_connection_with_org_affinity(router)
     backend then touches only its organizations' partitions); organizations
     in DEFAULT share one partition and get no affinity: the pool gives the
     server it would give without the plugin (switching backends per
-    statement only costs)."""
+    statement only costs). A client alone in its pool stays on one backend
+    (the end of the test); `peer` keeps `w` from being alone until then."""
     b = router(settings={"pool_mode": "transaction", "default_pool_size": 3})
     assert b.show_config()["plugin.org_routing.org_affinity"]["default"] == "8"
     open_servers(b, 3)
+    peer = b.login("app", USER)
     w = b.login("app", USER)
     seen = {o: set() for o in (ISOLATED, ISOLATED2)}
     for _ in range(4):
@@ -687,6 +689,13 @@ def test_each_organization_keeps_its_server_connection_with_org_affinity(router)
     assert other != busy and time.monotonic() - t0 < 1 * SLOW
     a.query("COMMIT")
     assert backend_of(w, ISOLATED) in seen[ISOLATED] | {other} | {other}
+    # alone in its pool, the client stays on the backend it used last
+    for x in (a, o, peer):
+        x.close()
+    wait_until(lambda: sum(int(r["cl_active"]) for r in b.admin_dicts("SHOW POOLS")
+                           if r["database"] == "app") == 1, 5 * SLOW, what="the other clients to leave")
+    alone = {backend_of(w, org) for org in (ISOLATED, ISOLATED2, ISOLATED, ISOLATED2)}
+    assert len(alone) == 1, (alone, seen)
 
 
 def test_without_org_affinity_the_pool_gives_the_last_used_server(router):

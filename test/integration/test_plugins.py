@@ -846,6 +846,41 @@ def _waiting(b):
     return sum(int(r["cl_waiting"]) for r in b.admin_dicts("SHOW POOLS") if r["database"] == "p0")
 
 
+def _clients(b):
+    return sum(int(r["cl_active"]) + int(r["cl_waiting"]) for r in b.admin_dicts("SHOW POOLS")
+               if r["database"] == "p0")
+
+
+def test_affinity_a_client_alone_in_its_pool_stays_on_its_warm_server(bouncer_factory):
+    """A client alone in its pool, a new key at every statement: no other
+    client shares the backends, so it stays on the server it used last, as
+    without affinity (moving to each key's home cost one client up to half
+    its throughput). Once another client is in the pool, new keys go to
+    their homes again."""
+    b = hooks(bouncer_factory, {"affinity_max": "1", "affinity_from_sql": "on", "watch": "all"},
+              settings={"pool_mode": "transaction", "default_pool_size": 3})
+    warm = [b.connect("p0", "pooluser1") for _ in range(3)]
+    for w in warm:                      # three transactions at once: three servers
+        w.execute("begin")
+        w.execute("select 1")
+    for w in warm:
+        w.execute("commit")
+        w.close()
+    c = b.connect("p0", "pooluser1")
+    wait_until(lambda: _clients(b) == 1, 5 * SLOW, what="the warm-up clients to leave")
+
+    def pid(key):
+        return c.execute(f"/*aff={key}*/ select pg_backend_pid()").fetchone()[0]
+
+    pids = {pid(f"k{i}") for i in range(60)}
+    assert len(pids) == 1, pids
+    with b.connect("p0", "pooluser1") as other:
+        wait_until(lambda: _clients(b) == 2, 5 * SLOW, what="the second client")
+        homes = [pid(f"n{i}") for i in range(3)]
+        assert len(set(homes)) == 3, homes
+        other.execute("select 1")
+
+
 def _queue_two(b, first, second, second_sql=b"select pg_backend_pid()\0"):
     """A client of key `first`, then one of key `second` (sending second_sql)
     wait for a server, in that order; returns their connections."""
