@@ -488,6 +488,18 @@ def test_a_failed_move_leaves_the_org_in_the_cloud(env):
     assert logged == {"read": 5, "insert": 4, "update": 3, "delete": 3}, logged
 
 
+def _log_entries(text):
+    """PostgreSQL log lines with their continuation lines (a statement's
+    second line, tab-indented) joined to them."""
+    out = []
+    for ln in text.splitlines():
+        if ln.startswith("\t") and out:
+            out[-1] += " " + ln.strip()
+        else:
+            out.append(ln)
+    return out
+
+
 def site_round_trips(e, org, site, extra=""):
     """Statements the site's backend logs (log_statement = all) for one read,
     insert, update and delete of a moved organization through the proxy:
@@ -497,14 +509,20 @@ def site_round_trips(e, org, site, extra=""):
     e.site_sql(site, "SELECT pg_reload_conf()")
     try:
         c = e.app()
-        off = e.site_pg.log_size()
-        c.execute(f"SELECT count(*) FROM documents WHERE organization_id = {org}")   # the fdw connection is up
-        time.sleep(0.3)
         # the site backend serving this session's fdw connection: the one that ran
         # the pushed-down count (a scheduled ANALYZE has connections of its own and
-        # may log in the same window)
-        counted = [ln for ln in e.site_pg.log_since(off).splitlines()
-                   if f"@{db} " in ln and "count(" in ln and ("LOG:  statement:" in ln or "LOG:  execute" in ln)]
+        # may log in the same window); counted again until the site's backends
+        # have the reloaded log_statement
+        counted = []
+        for _ in range(20):
+            off = e.site_pg.log_size()
+            c.execute(f"SELECT count(*) FROM documents WHERE organization_id = {org}")
+            time.sleep(0.3)
+            counted = [ln for ln in _log_entries(e.site_pg.log_since(off))
+                       if f"@{db} " in ln and "count(" in ln and ("LOG:  statement:" in ln or "LOG:  execute" in ln)]
+            if counted:
+                break
+        assert counted, "the site never logged the pushed-down count"
         (doc,) = c.execute(f"SELECT min(id) FROM documents WHERE organization_id = {org}").fetchone()
         cols, vals = ("organization_id, title" + (", " + extra.split("=")[0] if extra else ""),
                       f"{org}, 'round trips'" + (", " + extra.split("=")[1] if extra else ""))
@@ -515,7 +533,7 @@ def site_round_trips(e, org, site, extra=""):
             "delete": f"DELETE FROM documents WHERE organization_id = {org} AND title = 'round trips'",
         }
         logged = {}
-        pid = counted[-1].split("[", 1)[1].split("]", 1)[0] if counted else None
+        pid = counted[-1].split("[", 1)[1].split("]", 1)[0]
         for op, sql in ops.items():
             time.sleep(0.2)
             off = e.site_pg.log_size()
@@ -523,10 +541,9 @@ def site_round_trips(e, org, site, extra=""):
             time.sleep(0.3)
             # the site backend serving this session's fdw connection (the scheduled
             # ANALYZE has connections of its own)
-            lines = [ln for ln in e.site_pg.log_since(off).splitlines()
+            lines = [ln for ln in _log_entries(e.site_pg.log_since(off))
                      if f"@{db} " in ln and ("LOG:  statement:" in ln or "LOG:  execute" in ln)
-                     and (pid is None or f"[{pid}]" in ln)]
-            pid = pid or lines[0].split("[", 1)[1].split("]", 1)[0]
+                     and f"[{pid}]" in ln]
             logged[op] = len(lines)
             print(op, len(lines), [ln.split("LOG:  ", 1)[1][:90] for ln in lines])
         return logged
