@@ -116,6 +116,8 @@ struct tls_side {
 	const char *key, *cert, *ca, *protocols, *ciphers;
 };
 
+#define TLS_CLIENT_RECORD_MAX 8192
+
 static SSL_CTX *build_ctx(const struct lk_config *cf, const struct tls_side *t, bool accept, char *err, size_t errlen)
 {
 	SSL_CTX *ctx;
@@ -135,6 +137,15 @@ static SSL_CTX *build_ctx(const struct lk_config *cf, const struct tls_side *t, 
 	SSL_CTX_set_options(ctx, SSL_OP_NO_COMPRESSION | SSL_OP_NO_RENEGOTIATION |
 			    (accept ? SSL_OP_CIPHER_SERVER_PREFERENCE : 0));
 	SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+	/*
+	 * Records of at most 8 KB to clients, as PostgreSQL sends them: libpq
+	 * reads one record per PQconsumeInput into at least 8 KB of free buffer,
+	 * so a bigger record can leave its tail inside the client's OpenSSL,
+	 * where a client waiting on its socket (psycopg, any async driver) never
+	 * looks: the end of a reply would never arrive.
+	 */
+	if (accept)
+		SSL_CTX_set_max_send_fragment(ctx, TLS_CLIENT_RECORD_MAX);
 	if (t->ciphers && *t->ciphers && strcasecmp(t->ciphers, "default") != 0 &&
 	    SSL_CTX_set_cipher_list(ctx, strcasecmp(t->ciphers, "secure") == 0 ? "HIGH:!aNULL:!MD5" : t->ciphers) != 1) {
 		ssl_error_text(ssl_err, sizeof(ssl_err));

@@ -8,6 +8,7 @@ command in the test's directory.
 """
 import hashlib
 import os
+import select
 import socket
 import ssl
 import time
@@ -93,6 +94,49 @@ def test_require_runs_the_session_over_tls(bouncer_factory, certs):
             for chunk in cp:
                 out += chunk
         assert out.count(b"\n") == 20000
+
+
+def _reply_over_libpq(conn, sql, stall):
+    """Run sql the way psycopg does without blocking: consume what the socket
+    gives, parse, and wait on the socket while the reply is incomplete. None
+    when the socket stays silent for stall seconds with the reply unfinished
+    (the client would wait for ever), else the number of rows."""
+    pg = conn.pgconn
+    pg.send_query(sql.encode())
+    while pg.flush():
+        select.select([], [pg.socket], [], stall)
+    rows = 0
+    while True:
+        pg.consume_input()
+        while not pg.is_busy():
+            res = pg.get_result()
+            if res is None:
+                return rows
+            rows += res.ntuples
+        if not select.select([pg.socket], [], [], stall)[0]:
+            return None
+
+
+def test_replies_of_every_size_reach_a_client_that_waits_on_its_socket(bouncer_factory, certs):
+    # libpq reads at most one TLS record per PQconsumeInput into at least
+    # 8 KB of free buffer, and a client such as psycopg then waits on the
+    # socket: bytes of a record left inside the client's OpenSSL are never
+    # read if nothing else arrives. PostgreSQL never sends records over 8 KB,
+    # and neither must lokadb. Replies of 120 sizes end in every position of
+    # a record.
+    b = bouncer_factory(settings=tls_settings(certs))
+    with tls_connect(b, autocommit=True) as c:
+        assert c.pgconn.ssl_in_use
+        stuck = []
+        for n in range(1, 121):
+            sql = f"select repeat('y', 997) from generate_series(1, {n * 7})"
+            got = _reply_over_libpq(c, sql, stall=5.0)
+            if got is None:
+                stuck.append(n * 7)
+                break
+            assert got == n * 7
+        assert not stuck, f"reply of {stuck[0]} rows never completed: its end stayed in the client's TLS buffer"
+        assert c.execute("select 1").fetchone()[0] == 1
 
 
 def test_require_refuses_a_plain_login_with_28000(bouncer_factory, certs):
