@@ -14,7 +14,8 @@ own pooler processes, started for the group and stopped after it:
              key/certificate made here with the openssl CLI (P-256, or RSA
              2048 with BENCH_PARITY_TLS_KEY=rsa); pgbench with
              PGSSLMODE=require. Rows: -S at 1 and 32 clients, -C -S at 16
-             clients (a TLS handshake per request), and "TLS both sides":
+             clients (a TLS handshake per request), a 100 kB reply
+             (bench/parity_large.sql) at 4 clients, and "TLS both sides":
              -S at 32 clients through a second pair of poolers that also
              have server_tls_sslmode = require.
   prepared   pgbench -M prepared -S at 1 and 32 clients through lokadb with
@@ -101,6 +102,8 @@ ROWS = [
     Row("tls-select:32", "tls", "TLS, select-only (`-S`)", ["-S"], 32, ["pgb_tls", "lk_tls"]),
     Row("tls-connect:16", "tls", "TLS, connect per txn (`-C -S`)", ["-C", "-S"], 16,
         ["pgb_tls", "lk_tls"], cycle=True),
+    Row("tls-large:4", "tls", "TLS, 100 kB replies (`-f parity_large.sql`)",
+        ["-f", str(HERE / "parity_large.sql")], 4, ["pgb_tls", "lk_tls"]),
     Row("tls-server:32", "tls", "TLS both sides, select-only (`-S`)", ["-S"], 32,
         ["pgb_tls2", "lk_tls2"]),
     Row("prepared:1", "prepared", "prepared select-only (`-S`)", ["-S"], 1,
