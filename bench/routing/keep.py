@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: ISC
+"""Throughput kept at N isolated organizations against 1 (issue 4's target 3),
+with both layouts side by side and measured in alternation.
+
+bench/routing_cost.py builds its layouts one after the other in one database
+and measures them minutes apart, next to two other lokadb processes (plugins
+off, plugins on) whose backends stay open: on a machine whose speed drifts,
+the ratio of two layouts then carries the drift. Here one PostgreSQL 15
+cluster (the routing suite's settings) holds two databases built as
+bench/routing/instructions.py builds them (plugins/move/catalog.sql,
+bench/routing/schema.sql, every organization isolated, the same total rows):
+`pf1` with 1 organization and `pfN` with N. Each run starts one lokadb (pool
+of 8, `plugins = meta_cache org_routing`, the given org_affinity) in front of
+one database, warms it with the measured workload (32 clients), measures
+`pgbench -M simple -c 32 -j 2`, and stops it; runs alternate 1, N, 1, N ...
+The report gives every run with the CPU of lokadb and of PostgreSQL per
+transaction (/proc), the median tps of each layout and their ratio, and the
+ratio of each round's pair (N after 1, a few seconds apart) with its median:
+the figure least moved by a machine whose speed drifts.
+
+usage: keep.py [--orgs 1000] [--workloads read,update,insert] [--rounds 5]
+               [--seconds 8] [--warm 8] [--affinity 8] [--lokadb ./lokadb]
+               [--plugin-dir ./plugins]
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(HERE))
+import benchlib as bl  # noqa: E402
+import instructions  # noqa: E402  (the databases)
+import routing_cost as rc  # noqa: E402  (PostgreSQL's settings)
+
+DOCS = 500000
+
+
+def build(pg, n):
+    a = argparse.Namespace(pg_host=pg.host, pg_port=pg.port, orgs=n, docs=DOCS, layout="isolated")
+    instructions.build_db(a)
+    pg.psql(f"ALTER DATABASE {instructions.DB} RENAME TO pf{n}")
+
+
+def cpu_by_name():
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            st = open(f"/proc/{p}/stat").read()
+        except OSError:
+            continue
+        name = st[st.index("(") + 1:st.rindex(")")]
+        f = st[st.rindex(")") + 2:].split()
+        k = "lokadb" if name == "lokadb" else "postgres" if name.startswith("postgres") else None
+        if k:
+            out[k] = out.get(k, 0.0) + (int(f[11]) + int(f[12])) / tick
+    return out
+
+
+def one_run(a, pg, base, n, wl):
+    d = Path(tempfile.mkdtemp(prefix=f"lk{n}-", dir=base))
+    port = bl.free_port()
+    (d / "users.txt").write_text('"postgres" ""\n')
+    conn = f"host={pg.host} port={pg.port} dbname=pf{n}"
+    (d / "lokadb.ini").write_text(
+        f"[lokadb]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\nauth_type = trust\n"
+        f"auth_file = {d}/users.txt\nadmin_users = postgres\nlogfile = {d}/lokadb.log\n"
+        f"pool_mode = transaction\ndefault_pool_size = 8\nmax_client_conn = 200\n"
+        f"plugins = meta_cache org_routing\nplugin_dir = {a.plugin_dir}\n"
+        f"\n[databases]\nbench = {conn}\n"
+        f"\n[plugin.meta_cache]\ncloud = {conn} user=postgres\n"
+        f"\n[plugin.org_routing]\norg_affinity = {a.affinity}\n")
+    lk = subprocess.Popen([a.lokadb, "-q", str(d / "lokadb.ini")], start_new_session=True)
+    try:
+        env = bl.client_env({"PGHOST": "127.0.0.1", "PGPORT": str(port), "PGUSER": "postgres"})
+        for _ in range(100):
+            if subprocess.run([str(bl.PG_BIN / "psql"), "-d", "bench", "-c", "select 1"], env=env,
+                              capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+        time.sleep(2.0)     # meta_cache loads the catalog
+        per = DOCS // n
+
+        def pgbench(secs):
+            r = subprocess.run([str(bl.PG_BIN / "pgbench"), "-n", "-M", "simple", "-f", str(HERE / f"{wl}.sql"),
+                                "-D", f"norgs={n}", "-D", f"per={per}", "-c", "32", "-j", "2", "-T", str(secs),
+                                "bench"], env=env, capture_output=True, text=True, timeout=secs + 120)
+            m = re.search(r"tps = ([\d.]+)", r.stdout)
+            if r.returncode or not m:
+                sys.exit(f"pgbench failed:\n{r.stdout}\n{r.stderr}")
+            return float(m.group(1))
+        pgbench(a.warm)
+        c0 = cpu_by_name()
+        tps = pgbench(a.seconds)
+        c1 = cpu_by_name()
+        txns = tps * a.seconds
+        cpu = {k: (c1.get(k, 0.0) - c0.get(k, 0.0)) / txns * 1e6 for k in ("lokadb", "postgres")}
+        return tps, cpu
+    finally:
+        bl.stop_pid(lk.pid, popen=lk)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--orgs", type=int, default=1000)
+    ap.add_argument("--workloads", default="read,update,insert")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--seconds", type=int, default=8)
+    ap.add_argument("--warm", type=int, default=8)
+    ap.add_argument("--affinity", type=int, default=8)
+    ap.add_argument("--lokadb", default=str(REPO / "lokadb"))
+    ap.add_argument("--plugin-dir", default=str(REPO / "plugins"))
+    a = ap.parse_args()
+    a.lokadb, a.plugin_dir = str(Path(a.lokadb).resolve()), str(Path(a.plugin_dir).resolve())
+    bl.install_cleanup_handlers()
+    base = bl.make_tempdir("lokadb-keep-")
+    pg = bl.Postgres(base, rc.PG_SETTINGS)
+    try:
+        pg.start()
+        for n in (1, a.orgs):
+            bl.log(f"keep: building pf{n} ({n} isolated organization(s), {DOCS} documents)")
+            build(pg, n)
+        print(f"# keep: {a.orgs} isolated organizations against 1, org_affinity = {a.affinity}, "
+              f"{a.rounds} rounds of {a.seconds} s (warm-up {a.warm} s), pgbench -M simple -c 32 -j 2")
+        for wl in a.workloads.split(","):
+            tps = {1: [], a.orgs: []}
+            for r in range(a.rounds):
+                for n in (1, a.orgs):
+                    t, cpu = one_run(a, pg, base, n, wl)
+                    tps[n].append(t)
+                    print(f"{wl:6s} round {r + 1} orgs {n:5d}: {t:8.0f} tps, CPU µs / txn lokadb "
+                          f"{cpu['lokadb']:.1f}, PostgreSQL {cpu['postgres']:.1f}", flush=True)
+            m1, mn = statistics.median(tps[1]), statistics.median(tps[a.orgs])
+            pairs = [y / x for x, y in zip(tps[1], tps[a.orgs])]
+            print(f"{wl:6s} median tps: 1 org {m1:.0f}, {a.orgs} orgs {mn:.0f}; kept {mn / m1:.2f}; "
+                  f"round by round {', '.join(f'{p:.2f}' for p in pairs)}, median "
+                  f"{statistics.median(pairs):.2f}", flush=True)
+    finally:
+        pg.stop()
+        bl.cleanup()
+
+
+if __name__ == "__main__":
+    main()
