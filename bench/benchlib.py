@@ -558,6 +558,22 @@ def proc_cpu_seconds(pid):
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_seconds(pid):
+    """user + system CPU seconds of pid and its children (a postmaster and its
+    backends), from /proc."""
+    pid, total = str(pid), 0
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            f = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if p == pid or f[1] == pid:
+            total += int(f[11]) + int(f[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def run_pgbench(args, host, port, dbname, seconds, logprefix=None, cwd=None, timeout_extra=60,
                 cycle=False, env=None):
     """Run pgbench for `seconds`; returns a PgbenchResult (never raises on pgbench errors).

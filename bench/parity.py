@@ -825,7 +825,7 @@ def render(bench, meta):
             env = "PGSSLMODE=require " if t.tls else ""
             L.append(f"- {row.title}, {row.clients}, {t.label}: `{env}pgbench -h 127.0.0.1 "
                      f"-p PORT -U postgres -n -T SECONDS "
-                     f"{' '.join(bench.pgbench_args(row, t))} {R.DBNAME}`")
+                     f"{bl.shown_path(' '.join(bench.pgbench_args(row, t)))} {R.DBNAME}`")
     L += bl.error_lines(bench.errors, bl.shown_path)
     return "\n".join(L) + "\n"
 

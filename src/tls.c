@@ -141,7 +141,7 @@ static SSL_CTX *build_ctx(const struct lk_config *cf, const struct tls_side *t, 
 	 * Records of at most 8 KB to clients, as PostgreSQL sends them: libpq
 	 * reads one record per PQconsumeInput into at least 8 KB of free buffer,
 	 * so a bigger record can leave its tail inside the client's OpenSSL,
-	 * where a client waiting on its socket (psycopg, any async driver) never
+	 * where a client waiting on its socket (psycopg does) never
 	 * looks: the end of a reply would never arrive.
 	 */
 	if (accept)

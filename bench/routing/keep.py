@@ -24,7 +24,6 @@ usage: keep.py [--orgs 1000] [--workloads read,update,insert] [--rounds 5]
                [--plugin-dir ./plugins]
 """
 import argparse
-import os
 import re
 import statistics
 import subprocess
@@ -48,24 +47,6 @@ def build(pg, n):
     a = argparse.Namespace(pg_host=pg.host, pg_port=pg.port, orgs=n, docs=DOCS, layout="isolated")
     instructions.build_db(a)
     pg.psql(f"ALTER DATABASE {instructions.DB} RENAME TO pf{n}")
-
-
-def cpu_by_name():
-    out = {}
-    tick = os.sysconf("SC_CLK_TCK")
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            st = open(f"/proc/{p}/stat").read()
-        except OSError:
-            continue
-        name = st[st.index("(") + 1:st.rindex(")")]
-        f = st[st.rindex(")") + 2:].split()
-        k = "lokadb" if name == "lokadb" else "postgres" if name.startswith("postgres") else None
-        if k:
-            out[k] = out.get(k, 0.0) + (int(f[11]) + int(f[12])) / tick
-    return out
 
 
 def one_run(a, pg, base, n, wl):
@@ -101,11 +82,13 @@ def one_run(a, pg, base, n, wl):
                 sys.exit(f"pgbench failed:\n{r.stdout}\n{r.stderr}")
             return float(m.group(1))
         pgbench(a.warm)
-        c0 = cpu_by_name()
+        def cpu():
+            return {"lokadb": bl.proc_cpu_seconds(lk.pid) or 0.0, "postgres": bl.tree_cpu_seconds(pg.pid)}
+        c0 = cpu()
         tps = pgbench(a.seconds)
-        c1 = cpu_by_name()
+        c1 = cpu()
         txns = tps * a.seconds
-        cpu = {k: (c1.get(k, 0.0) - c0.get(k, 0.0)) / txns * 1e6 for k in ("lokadb", "postgres")}
+        cpu = {k: (c1[k] - c0[k]) / txns * 1e6 for k in c0}
         return tps, cpu
     finally:
         bl.stop_pid(lk.pid, popen=lk)

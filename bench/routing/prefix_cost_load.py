@@ -24,8 +24,13 @@ import argparse
 import os
 import re
 import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import benchlib as bl  # noqa: E402
 
 PGBENCH = "/usr/lib/postgresql/15/bin/pgbench"
 
@@ -34,22 +39,6 @@ def psql(a, sql):
     out = subprocess.run(["psql", "-h", a.host, "-p", str(a.port), "-U", a.user, "-d", a.db, "-AtXq", "-c", sql],
                          capture_output=True, text=True, check=True).stdout
     return [line.split("|") for line in out.splitlines() if line]
-
-
-def pg_cpu(postmaster):
-    """CPU seconds of the postmaster and its children, from /proc."""
-    tck, total = os.sysconf("SC_CLK_TCK"), 0
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            s = open(f"/proc/{p}/stat").read()
-        except OSError:
-            continue
-        f = s[s.rindex(")") + 2:].split()
-        if p == postmaster or f[1] == postmaster:
-            total += int(f[11]) + int(f[12])
-    return total / tck
 
 
 # --cases NAME: (what the report calls it, the pgbench line; \\; keeps one Query)
@@ -94,9 +83,9 @@ def run(a, postmaster, files):
         args += ["-f", f]
     pb = subprocess.Popen(args + [a.db], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(2)
-    t0, c0 = time.monotonic(), pg_cpu(postmaster)
+    t0, c0 = time.monotonic(), bl.tree_cpu_seconds(postmaster)
     time.sleep(a.seconds - 3)
-    t1, c1 = time.monotonic(), pg_cpu(postmaster)
+    t1, c1 = time.monotonic(), bl.tree_cpu_seconds(postmaster)
     out, err = pb.communicate(timeout=a.seconds + 30)
     m = re.search(r"tps = ([\d.]+)", out)
     if pb.returncode != 0 or not m:
