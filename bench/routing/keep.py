@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: ISC
-"""Throughput kept at N isolated organizations against 1 (issue 4's target 3),
+"""Throughput kept at N organizations against 1 (issue 4's targets 2 and 3),
 with both layouts side by side and measured in alternation.
 
 bench/routing_cost.py builds its layouts one after the other in one database
@@ -9,18 +9,22 @@ off, plugins on) whose backends stay open: on a machine whose speed drifts,
 the ratio of two layouts then carries the drift. Here one PostgreSQL 15
 cluster (the routing suite's settings) holds two databases built as
 bench/routing/instructions.py builds them (plugins/move/catalog.sql,
-bench/routing/schema.sql, every organization isolated, the same total rows):
-`pf1` with 1 organization and `pfN` with N. Each run starts one lokadb (pool
-of 8, `plugins = meta_cache org_routing`, the given org_affinity) in front of
-one database, warms it with the measured workload (32 clients), measures
-`pgbench -M simple -c 32 -j 2`, and stops it; runs alternate 1, N, 1, N ...
+bench/routing/schema.sql, the same total rows): with `--layout isolated`
+(target 3) every organization has its own partitions, databases `pf1` with
+1 organization and `pfN` with N; with `--layout default` (target 2) every
+organization stays in DEFAULT, databases `pd1` and `pdN`. Each run starts
+one lokadb (pool of 8, `plugins = meta_cache org_routing`, the given
+org_affinity; `--off`: no plugins) in front of one database, warms it with the measured workload
+and client count, measures `pgbench -M simple -c C -j 2` (`-j 1` for one
+client), and stops it; runs alternate 1, N, 1, N ...
 The report gives every run with the CPU of lokadb and of PostgreSQL per
 transaction (/proc), the median tps of each layout and their ratio, and the
 ratio of each round's pair (N after 1, a few seconds apart) with its median:
 the figure least moved by a machine whose speed drifts.
 
-usage: keep.py [--orgs 1000] [--workloads read,update,insert] [--rounds 5]
-               [--seconds 8] [--warm 8] [--affinity 8] [--lokadb ./lokadb]
+usage: keep.py [--orgs 1000] [--layout isolated|default] [--clients 32]
+               [--workloads read,update,insert] [--rounds 5] [--seconds 8]
+               [--warm 8] [--affinity 8] [--off] [--lokadb ./lokadb]
                [--plugin-dir ./plugins]
 """
 import argparse
@@ -43,25 +47,34 @@ import routing_cost as rc  # noqa: E402  (PostgreSQL's settings)
 DOCS = 500000
 
 
-def build(pg, n):
-    a = argparse.Namespace(pg_host=pg.host, pg_port=pg.port, orgs=n, docs=DOCS, layout="isolated")
+# The target of each layout: issue 4's targets 2 (DEFAULT) and 3 (isolated).
+def target(layout, n):
+    return 0.90 if layout == "default" else 0.80 if n <= 1000 else 0.60
+
+
+def dbname(layout, n):
+    return f"{'pd' if layout == 'default' else 'pf'}{n}"
+
+
+def build(pg, layout, n):
+    a = argparse.Namespace(pg_host=pg.host, pg_port=pg.port, orgs=n, docs=DOCS, layout=layout)
     instructions.build_db(a)
-    pg.psql(f"ALTER DATABASE {instructions.DB} RENAME TO pf{n}")
+    pg.psql(f"ALTER DATABASE {instructions.DB} RENAME TO {dbname(layout, n)}")
 
 
 def one_run(a, pg, base, n, wl):
     d = Path(tempfile.mkdtemp(prefix=f"lk{n}-", dir=base))
     port = bl.free_port()
     (d / "users.txt").write_text('"postgres" ""\n')
-    conn = f"host={pg.host} port={pg.port} dbname=pf{n}"
+    conn = f"host={pg.host} port={pg.port} dbname={dbname(a.layout, n)}"
     (d / "lokadb.ini").write_text(
         f"[lokadb]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\nauth_type = trust\n"
         f"auth_file = {d}/users.txt\nadmin_users = postgres\nlogfile = {d}/lokadb.log\n"
         f"pool_mode = transaction\ndefault_pool_size = 8\nmax_client_conn = 200\n"
-        f"plugins = meta_cache org_routing\nplugin_dir = {a.plugin_dir}\n"
-        f"\n[databases]\nbench = {conn}\n"
-        f"\n[plugin.meta_cache]\ncloud = {conn} user=postgres\n"
-        f"\n[plugin.org_routing]\norg_affinity = {a.affinity}\n")
+        + ("" if a.off else f"plugins = meta_cache org_routing\nplugin_dir = {a.plugin_dir}\n")
+        + f"\n[databases]\nbench = {conn}\n"
+        + ("" if a.off else f"\n[plugin.meta_cache]\ncloud = {conn} user=postgres\n"
+           f"\n[plugin.org_routing]\norg_affinity = {a.affinity}\n"))
     lk = subprocess.Popen([a.lokadb, "-q", str(d / "lokadb.ini")], start_new_session=True)
     try:
         env = bl.client_env({"PGHOST": "127.0.0.1", "PGPORT": str(port), "PGUSER": "postgres"})
@@ -75,7 +88,8 @@ def one_run(a, pg, base, n, wl):
 
         def pgbench(secs):
             r = subprocess.run([str(bl.PG_BIN / "pgbench"), "-n", "-M", "simple", "-f", str(HERE / f"{wl}.sql"),
-                                "-D", f"norgs={n}", "-D", f"per={per}", "-c", "32", "-j", "2", "-T", str(secs),
+                                "-D", f"norgs={n}", "-D", f"per={per}", "-c", str(a.clients),
+                                "-j", str(min(2, a.clients)), "-T", str(secs),
                                 "bench"], env=env, capture_output=True, text=True, timeout=secs + 120)
             m = re.search(r"tps = ([\d.]+)", r.stdout)
             if r.returncode or not m:
@@ -97,6 +111,9 @@ def one_run(a, pg, base, n, wl):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--orgs", type=int, default=1000)
+    ap.add_argument("--layout", choices=["isolated", "default"], default="isolated")
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--off", action="store_true", help="lokadb without plugins (PostgreSQL's own loss)")
     ap.add_argument("--workloads", default="read,update,insert")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=int, default=8)
@@ -111,11 +128,14 @@ def main():
     pg = bl.Postgres(base, rc.PG_SETTINGS)
     try:
         pg.start()
+        where = "in DEFAULT" if a.layout == "default" else "isolated"
         for n in (1, a.orgs):
-            bl.log(f"keep: building pf{n} ({n} isolated organization(s), {DOCS} documents)")
-            build(pg, n)
-        print(f"# keep: {a.orgs} isolated organizations against 1, org_affinity = {a.affinity}, "
-              f"{a.rounds} rounds of {a.seconds} s (warm-up {a.warm} s), pgbench -M simple -c 32 -j 2")
+            bl.log(f"keep: building {dbname(a.layout, n)} ({n} organization(s) {where}, {DOCS} documents)")
+            build(pg, a.layout, n)
+        plugins = "plugins off" if a.off else f"org_affinity = {a.affinity}"
+        print(f"# keep: {a.orgs} organizations {where} against 1, {plugins}, "
+              f"{a.rounds} rounds of {a.seconds} s (warm-up {a.warm} s), pgbench -M simple "
+              f"-c {a.clients} -j {min(2, a.clients)}; target: {target(a.layout, a.orgs):.2f} kept")
         for wl in a.workloads.split(","):
             tps = {1: [], a.orgs: []}
             for r in range(a.rounds):
