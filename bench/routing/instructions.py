@@ -21,7 +21,6 @@ usage: instructions.py --pg-port P [--orgs 100] [--layout isolated|default]
 """
 import argparse
 import os
-import re
 import signal
 import socket
 import subprocess

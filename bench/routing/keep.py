@@ -12,20 +12,29 @@ bench/routing/instructions.py builds them (plugins/move/catalog.sql,
 bench/routing/schema.sql, the same total rows): with `--layout isolated`
 (target 3) every organization has its own partitions, databases `pf1` with
 1 organization and `pfN` with N; with `--layout default` (target 2) every
-organization stays in DEFAULT, databases `pd1` and `pdN`. Each run starts
-one lokadb (pool of 8, `plugins = meta_cache org_routing`, the given
-org_affinity; `--off`: no plugins) in front of one database, warms it with the measured workload
+organization stays in DEFAULT, databases `pd1` and `pdN`.
+
+Each run starts one lokadb (pool of 8) in front of one database, in one of
+the `--modes`: `on` (`plugins = meta_cache org_routing`, the given
+org_affinity), `off` (no plugins: PostgreSQL's own loss through the
+pooler) or `set` (no plugins, the workload's statement sent at N
+organizations with `SET lokadb.org = '<o>'; ` in front in the same Query:
+what org_routing sends PostgreSQL when the server connection holds another
+organization, without org_routing); it warms it with the measured workload
 and client count, measures `pgbench -M simple -c C -j 2` (`-j 1` for one
-client), and stops it; runs alternate 1, N, 1, N ...
-The report gives every run with the CPU of lokadb and of PostgreSQL per
-transaction (/proc), the median tps of each layout and their ratio, and the
-ratio of each round's pair (N after 1, a few seconds apart) with its median:
-the figure least moved by a machine whose speed drifts.
+client), and stops it. A round runs each mode on 1 then N organizations; the order of the modes
+rotates from one round to the next. The report gives every run with the CPU
+of lokadb and of PostgreSQL per transaction (/proc), and per mode the median
+tps of each layout, their ratio, and the ratio of each round's pair (N after
+1, a few seconds apart) with its median: the figure least moved by a
+machine whose speed drifts. With `off` and another mode it also gives,
+round by round, that mode's round ratio over off's.
 
 usage: keep.py [--orgs 1000] [--layout isolated|default] [--clients 32]
-               [--workloads read,update,insert] [--rounds 5] [--seconds 8]
-               [--warm 8] [--affinity 8] [--off] [--lokadb ./lokadb]
-               [--plugin-dir ./plugins]
+               [--workloads read,update,insert] [--modes on,off,set]
+               [--rounds 5] [--seconds 8] [--warm 8] [--affinity 8]
+               [--lokadb ./lokadb] [--plugin-dir ./plugins]
+(`--off` is `--modes off`.)
 """
 import argparse
 import re
@@ -49,7 +58,7 @@ DOCS = 500000
 
 # The target of each layout: issue 4's targets 2 (DEFAULT) and 3 (isolated).
 def target(layout, n):
-    return 0.90 if layout == "default" else 0.80 if n <= 1000 else 0.60
+    return rc.DEFAULT_KEEP if layout == "default" else rc.ISO_KEEP[1000 if n <= 1000 else 10000]
 
 
 def dbname(layout, n):
@@ -62,7 +71,30 @@ def build(pg, layout, n):
     pg.psql(f"ALTER DATABASE {instructions.DB} RENAME TO {dbname(layout, n)}")
 
 
-def one_run(a, pg, base, n, wl):
+def tps_of(r):
+    """The tps of a finished pgbench run; exits on a failed one."""
+    m = re.search(r"tps = ([\d.]+)", r.stdout)
+    if r.returncode or not m:
+        sys.exit(f"pgbench failed:\n{r.stdout}\n{r.stderr}")
+    return float(m.group(1))
+
+
+def script(base, wl, mode, n):
+    """The workload's pgbench script; for mode `set` and more than one
+    organization, its statement with the organization's SET in front (`\\;`:
+    one Query message). With one organization plugins on sends the SET once
+    per server connection, so `set` sends none."""
+    if mode != "set" or n == 1:
+        return HERE / f"{wl}.sql"
+    lines = (HERE / f"{wl}.sql").read_text().splitlines()
+    path = base / f"{wl}-set.sql"
+    path.write_text("".join((ln if ln.startswith("\\") else "SET lokadb.org = ':o' \\; " + ln) + "\n"
+                            for ln in lines if ln.strip()))
+    return path
+
+
+def one_run(a, pg, base, n, wl, mode):
+    off = mode != "on"
     d = Path(tempfile.mkdtemp(prefix=f"lk{n}-", dir=base))
     port = bl.free_port()
     (d / "users.txt").write_text('"postgres" ""\n')
@@ -71,9 +103,9 @@ def one_run(a, pg, base, n, wl):
         f"[lokadb]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\nauth_type = trust\n"
         f"auth_file = {d}/users.txt\nadmin_users = postgres\nlogfile = {d}/lokadb.log\n"
         f"pool_mode = transaction\ndefault_pool_size = 8\nmax_client_conn = 200\n"
-        + ("" if a.off else f"plugins = meta_cache org_routing\nplugin_dir = {a.plugin_dir}\n")
+        + ("" if off else f"plugins = meta_cache org_routing\nplugin_dir = {a.plugin_dir}\n")
         + f"\n[databases]\nbench = {conn}\n"
-        + ("" if a.off else f"\n[plugin.meta_cache]\ncloud = {conn} user=postgres\n"
+        + ("" if off else f"\n[plugin.meta_cache]\ncloud = {conn} user=postgres\n"
            f"\n[plugin.org_routing]\norg_affinity = {a.affinity}\n"))
     lk = subprocess.Popen([a.lokadb, "-q", str(d / "lokadb.ini")], start_new_session=True)
     try:
@@ -83,18 +115,17 @@ def one_run(a, pg, base, n, wl):
                               capture_output=True).returncode == 0:
                 break
             time.sleep(0.1)
-        time.sleep(2.0)     # meta_cache loads the catalog
+        if not off:
+            time.sleep(2.0)     # meta_cache loads the catalog
         per = DOCS // n
 
         def pgbench(secs):
-            r = subprocess.run([str(bl.PG_BIN / "pgbench"), "-n", "-M", "simple", "-f", str(HERE / f"{wl}.sql"),
+            r = subprocess.run([str(bl.PG_BIN / "pgbench"), "-n", "-M", "simple",
+                                "-f", str(script(base, wl, mode, n)),
                                 "-D", f"norgs={n}", "-D", f"per={per}", "-c", str(a.clients),
                                 "-j", str(min(2, a.clients)), "-T", str(secs),
                                 "bench"], env=env, capture_output=True, text=True, timeout=secs + 120)
-            m = re.search(r"tps = ([\d.]+)", r.stdout)
-            if r.returncode or not m:
-                sys.exit(f"pgbench failed:\n{r.stdout}\n{r.stderr}")
-            return float(m.group(1))
+            return tps_of(r)
         pgbench(a.warm)
         def cpu():
             return {"lokadb": bl.proc_cpu_seconds(lk.pid) or 0.0, "postgres": bl.tree_cpu_seconds(pg.pid)}
@@ -113,7 +144,9 @@ def main():
     ap.add_argument("--orgs", type=int, default=1000)
     ap.add_argument("--layout", choices=["isolated", "default"], default="isolated")
     ap.add_argument("--clients", type=int, default=32)
-    ap.add_argument("--off", action="store_true", help="lokadb without plugins (PostgreSQL's own loss)")
+    ap.add_argument("--modes", default="on",
+                    help="of on, off (no plugins: PostgreSQL's own loss), set (no plugins, the SET in front)")
+    ap.add_argument("--off", action="store_true", help="the same as --modes off")
     ap.add_argument("--workloads", default="read,update,insert")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=int, default=8)
@@ -122,6 +155,9 @@ def main():
     ap.add_argument("--lokadb", default=str(REPO / "lokadb"))
     ap.add_argument("--plugin-dir", default=str(REPO / "plugins"))
     a = ap.parse_args()
+    modes = ["off"] if a.off else a.modes.split(",")
+    if not modes or len(set(modes)) != len(modes) or not set(modes) <= {"on", "off", "set"}:
+        ap.error("--modes: a list of on, off and set")
     a.lokadb, a.plugin_dir = str(Path(a.lokadb).resolve()), str(Path(a.plugin_dir).resolve())
     bl.install_cleanup_handlers()
     base = bl.make_tempdir("lokadb-keep-")
@@ -132,23 +168,32 @@ def main():
         for n in (1, a.orgs):
             bl.log(f"keep: building {dbname(a.layout, n)} ({n} organization(s) {where}, {DOCS} documents)")
             build(pg, a.layout, n)
-        plugins = "plugins off" if a.off else f"org_affinity = {a.affinity}"
-        print(f"# keep: {a.orgs} organizations {where} against 1, {plugins}, "
+        names = {"on": f"plugins on (org_affinity = {a.affinity})", "off": "plugins off",
+                 "set": "plugins off with the SET in front"}
+        print(f"# keep: {a.orgs} organizations {where} against 1, {' and '.join(names[m] for m in modes)}, "
               f"{a.rounds} rounds of {a.seconds} s (warm-up {a.warm} s), pgbench -M simple "
               f"-c {a.clients} -j {min(2, a.clients)}; target: {target(a.layout, a.orgs):.2f} kept")
         for wl in a.workloads.split(","):
-            tps = {1: [], a.orgs: []}
+            tps = {(m, n): [] for m in modes for n in (1, a.orgs)}
             for r in range(a.rounds):
-                for n in (1, a.orgs):
-                    t, cpu = one_run(a, pg, base, n, wl)
-                    tps[n].append(t)
-                    print(f"{wl:6s} round {r + 1} orgs {n:5d}: {t:8.0f} tps, CPU µs / txn lokadb "
-                          f"{cpu['lokadb']:.1f}, PostgreSQL {cpu['postgres']:.1f}", flush=True)
-            m1, mn = statistics.median(tps[1]), statistics.median(tps[a.orgs])
-            pairs = [y / x for x, y in zip(tps[1], tps[a.orgs])]
-            print(f"{wl:6s} median tps: 1 org {m1:.0f}, {a.orgs} orgs {mn:.0f}; kept {mn / m1:.2f}; "
-                  f"round by round {', '.join(f'{p:.2f}' for p in pairs)}, median "
-                  f"{statistics.median(pairs):.2f}", flush=True)
+                for m in bl.rotate(modes, r):
+                    for n in (1, a.orgs):
+                        t, cpu = one_run(a, pg, base, n, wl, m)
+                        tps[m, n].append(t)
+                        print(f"{wl:6s} round {r + 1} {m:3s} orgs {n:5d}: {t:8.0f} tps, CPU µs / txn lokadb "
+                              f"{cpu['lokadb']:.1f}, PostgreSQL {cpu['postgres']:.1f}", flush=True)
+            pairs = {}
+            for m in modes:
+                m1, mn = statistics.median(tps[m, 1]), statistics.median(tps[m, a.orgs])
+                pairs[m] = [y / x for x, y in zip(tps[m, 1], tps[m, a.orgs])]
+                print(f"{wl:6s} {m:3s} median tps: 1 org {m1:.0f}, {a.orgs} orgs {mn:.0f}; kept {mn / m1:.2f}; "
+                      f"round by round {', '.join(f'{p:.2f}' for p in pairs[m])}, median "
+                      f"{statistics.median(pairs[m]):.2f}", flush=True)
+            for m in modes if "off" in modes else ():
+                if m != "off":
+                    q = [x / y for x, y in zip(pairs[m], pairs["off"])]
+                    print(f"{wl:6s} {m}'s round ratio over off's: {', '.join(f'{v:.2f}' for v in q)}, median "
+                          f"{statistics.median(q):.2f}", flush=True)
     finally:
         pg.stop()
         bl.cleanup()
