@@ -22,13 +22,14 @@ organizations with `SET lokadb.org = '<o>'; ` in front in the same Query:
 what org_routing sends PostgreSQL when the server connection holds another
 organization, without org_routing); it warms it with the measured workload
 and client count, measures `pgbench -M simple -c C -j 2` (`-j 1` for one
-client), and stops it. A round runs each mode on 1 then N organizations; the order of the modes
-rotates from one round to the next. The report gives every run with the CPU
-of lokadb and of PostgreSQL per transaction (/proc), and per mode the median
-tps of each layout, their ratio, and the ratio of each round's pair (N after
-1, a few seconds apart) with its median: the figure least moved by a
-machine whose speed drifts. With `off` and another mode it also gives,
-round by round, that mode's round ratio over off's.
+client), and stops it. A round runs each mode on 1 then N organizations;
+the order of the modes rotates from one round to the next. The report
+gives every run with the CPU of lokadb and of PostgreSQL per transaction
+(/proc), and per mode the median tps of each layout, their ratio, and the
+ratio of each round's pair (N after 1, a few seconds apart) with its
+median: the figure least moved by a machine whose speed drifts. With
+`off` and another mode it also gives, round by round, that mode's round
+ratio over off's.
 
 usage: keep.py [--orgs 1000] [--layout isolated|default] [--clients 32]
                [--workloads read,update,insert] [--modes on,off,set]
@@ -37,7 +38,6 @@ usage: keep.py [--orgs 1000] [--layout isolated|default] [--clients 32]
 (`--off` is `--modes off`.)
 """
 import argparse
-import re
 import statistics
 import subprocess
 import sys
@@ -73,10 +73,11 @@ def build(pg, layout, n):
 
 def tps_of(r):
     """The tps of a finished pgbench run; exits on a failed one."""
-    m = re.search(r"tps = ([\d.]+)", r.stdout)
-    if r.returncode or not m:
+    res = bl.PgbenchResult()
+    bl.parse_pgbench_output(r.stdout, res)
+    if r.returncode or res.tps is None:
         sys.exit(f"pgbench failed:\n{r.stdout}\n{r.stderr}")
-    return float(m.group(1))
+    return res.tps
 
 
 def script(base, wl, mode, n):
@@ -86,8 +87,10 @@ def script(base, wl, mode, n):
     per server connection, so `set` sends none."""
     if mode != "set" or n == 1:
         return HERE / f"{wl}.sql"
-    lines = (HERE / f"{wl}.sql").read_text().splitlines()
     path = base / f"{wl}-set.sql"
+    if path.exists():
+        return path
+    lines = (HERE / f"{wl}.sql").read_text().splitlines()
     path.write_text("".join((ln if ln.startswith("\\") else "SET lokadb.org = ':o' \\; " + ln) + "\n"
                             for ln in lines if ln.strip()))
     return path
@@ -189,11 +192,10 @@ def main():
                 print(f"{wl:6s} {m:3s} median tps: 1 org {m1:.0f}, {a.orgs} orgs {mn:.0f}; kept {mn / m1:.2f}; "
                       f"round by round {', '.join(f'{p:.2f}' for p in pairs[m])}, median "
                       f"{statistics.median(pairs[m]):.2f}", flush=True)
-            for m in modes if "off" in modes else ():
-                if m != "off":
-                    q = [x / y for x, y in zip(pairs[m], pairs["off"])]
-                    print(f"{wl:6s} {m}'s round ratio over off's: {', '.join(f'{v:.2f}' for v in q)}, median "
-                          f"{statistics.median(q):.2f}", flush=True)
+            for m in [m for m in modes if m != "off"] if "off" in modes else []:
+                q = [x / y for x, y in zip(pairs[m], pairs["off"])]
+                print(f"{wl:6s} {m}'s round ratio over off's: {', '.join(f'{v:.2f}' for v in q)}, median "
+                      f"{statistics.median(q):.2f}", flush=True)
     finally:
         pg.stop()
         bl.cleanup()
