@@ -5,6 +5,10 @@
  * Owns the open logfile. The verbosity is -v count (or the `verbose`
  * setting): 0 logs up to info, 1 debug, 2 noise. Repeated identical lines
  * are not suppressed here; callers rate-limit what can repeat per packet.
+ * The process id and the time stamp down to the second are kept between
+ * lines (route_log writes a line per statement): the pid is read again by
+ * log_setup, which main calls again after daemonizing, the stamp when the
+ * second changes.
  */
 #include "log.h"
 
@@ -22,7 +26,10 @@ static struct {
 	bool to_stderr;
 	bool use_syslog;
 	int verbose;
-} lg = { NULL, true, false, 0 };
+	int pid;
+	time_t stamp_sec;		/* the second `stamp` shows (0: none yet) */
+	char stamp[32];
+} lg = { NULL, true, false, 0, 0, 0, "" };
 
 static const char *const level_names[] = { "FATAL", "ERROR", "WARNING", "LOG", "DEBUG", "NOISE" };
 static const int level_syslog[] = { LOG_CRIT, LOG_ERR, LOG_WARNING, LOG_INFO, LOG_DEBUG, LOG_DEBUG };
@@ -47,6 +54,7 @@ bool log_setup(const char *file, bool to_stderr, bool use_syslog, const char *id
 {
 	FILE *f = NULL;
 
+	lg.pid = (int)getpid();
 	if (file && *file) {
 		f = fopen(file, "a");
 		if (!f)
@@ -79,7 +87,7 @@ void log_close(void)
 
 void log_msg(enum log_level lvl, const char *fmt, ...)
 {
-	char msg[2048], stamp[64];
+	char msg[2048];
 	struct timeval tv;
 	struct tm tm;
 	va_list ap;
@@ -91,12 +99,17 @@ void log_msg(enum log_level lvl, const char *fmt, ...)
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	gettimeofday(&tv, NULL);
-	gmtime_r(&tv.tv_sec, &tm);
-	strftime(stamp, sizeof(stamp), "%Y-%m-%d %H:%M:%S", &tm);
+	if (tv.tv_sec != lg.stamp_sec) {
+		gmtime_r(&tv.tv_sec, &tm);
+		strftime(lg.stamp, sizeof(lg.stamp), "%Y-%m-%d %H:%M:%S", &tm);
+		lg.stamp_sec = tv.tv_sec;
+	}
+	if (!lg.pid)
+		lg.pid = (int)getpid();
 	if (lg.to_stderr)
-		fprintf(stderr, "%s.%03d UTC [%d] %s %s\n", stamp, (int)(tv.tv_usec / 1000), (int)getpid(), level_names[lvl], msg);
+		fprintf(stderr, "%s.%03d UTC [%d] %s %s\n", lg.stamp, (int)(tv.tv_usec / 1000), lg.pid, level_names[lvl], msg);
 	if (lg.file)
-		fprintf(lg.file, "%s.%03d UTC [%d] %s %s\n", stamp, (int)(tv.tv_usec / 1000), (int)getpid(), level_names[lvl], msg);
+		fprintf(lg.file, "%s.%03d UTC [%d] %s %s\n", lg.stamp, (int)(tv.tv_usec / 1000), lg.pid, level_names[lvl], msg);
 	if (lg.use_syslog)
 		syslog(level_syslog[lvl], "%s %s", level_names[lvl], msg);
 	errno = saved;

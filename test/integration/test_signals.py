@@ -70,6 +70,9 @@ def test_daemon_mode_writes_the_pidfile_and_serves(bouncer_factory):
     b.wait_ready()
     with b.connect("p0") as c:
         assert c.execute("select 1").fetchone()[0] == 1
+    # the daemon's own lines carry its pid, not the pid of the process that forked it
+    started = [ln for ln in b.log().splitlines() if "lokadb " in ln and " started" in ln]
+    assert started and f"[{pid}] LOG" in started[-1], started
     assert stop_pid(pid, signal.SIGTERM, 5 * SLOW), "daemon did not stop on SIGTERM"
 
 
