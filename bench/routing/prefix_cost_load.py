@@ -22,7 +22,6 @@ usage: prefix_cost_load.py --port P [--host H] [--user U] --db D [--clients C]
 """
 import argparse
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -87,10 +86,11 @@ def run(a, postmaster, files):
     time.sleep(a.seconds - 3)
     t1, c1 = time.monotonic(), bl.tree_cpu_seconds(postmaster)
     out, err = pb.communicate(timeout=a.seconds + 30)
-    m = re.search(r"tps = ([\d.]+)", out)
-    if pb.returncode != 0 or not m:
+    res = bl.PgbenchResult()
+    bl.parse_pgbench_output(out, res)
+    if pb.returncode != 0 or not res.tps:
         raise SystemExit(f"pgbench failed: {err[-2000:]}")
-    tps = float(m.group(1))
+    tps = res.tps
     return tps, 1e6 * (c1 - c0) / (tps * (t1 - t0))
 
 
