@@ -252,6 +252,9 @@ struct server {
 	bool ready;			/* nothing owed, idle in no transaction */
 	bool copy_in;
 	bool ext_open;			/* extended-protocol messages sent since the last Sync */
+	bool ext_armed;			/* values went inside a batch: mark the next item owing a ReadyForQuery */
+	bool ext_err;			/* an ErrorResponse since the last ReadyForQuery */
+	uint32_t ext_seq;		/* tvars.esent of the last values sent inside a batch */
 	uint8_t tls_step;		/* 0 plain, 1 SSLRequest sent, 2 TLS handshake, 3 TLS up */
 	bool close_needed;		/* RECONNECT / config change: close when released */
 	bool checked;			/* ran a query of the pooler since its last client */
@@ -443,6 +446,7 @@ void server_cancel_fd(const uint8_t *pkt16, int fd);
 void server_close(struct server *s, const char *reason, ...) __attribute__((format(printf, 2, 3)));
 void server_process(struct server *s);
 void server_send_hidden(struct server *s, const char *sql);
+void server_send_hidden_ext(struct server *s, const char *sql);
 const char *server_ident(const struct server *s, char *buf, size_t len);
 void server_free_now(struct server *s);
 void server_cancel(struct server *s);
@@ -543,6 +547,7 @@ void plugin_tvars_hidden_sent(struct server *s);
 void plugin_tvars_hidden_error(struct server *s);
 void plugin_tvars_hidden_rfq(struct server *s, char status);
 void plugin_tvars_inline_rfq(struct server *s, char status, bool failed);
+void plugin_tvars_ext_rfq(struct server *s, uint32_t seq, bool ok);
 enum lk_hook plugin_event_hook(const struct lk_event *ev);
 void plugin_query_answer(struct client *c, struct lk_event *ev, char status);
 void plugin_note_parse(struct client *c, const char *name, const char *sql);

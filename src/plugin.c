@@ -1539,18 +1539,24 @@ struct tv_val {
 	size_t nlen, vlen;
 };
 
+/* How a prefix went: a hidden Query, in front of the client's Query, or
+ * inside the client's batch (server_send_hidden_ext). */
+enum { TV_HIDDEN, TV_INLINE, TV_EXT };
+
 /* What the pooler's own set_config prefixes gave a server's session. */
 struct tvars {
 	uint32_t sent, done;		/* hidden queries sent to / answered by the server */
 	uint32_t isent, idone;		/* client Queries with values in front, sent / answered */
+	uint32_t esent;			/* values sent inside batches (answered by server.ext_seq) */
 	bool err;			/* the hidden query being answered failed */
 	bool ours;			/* server_send_hidden is sending our prefix */
 	int n;
 	struct tv_val v[TV_MAX];	/* known: ran outside a block, without error */
 	int np;
 	struct tv_pend {
-		uint32_t seq;		/* the hidden query's number (tvars.sent after it), or */
-		bool inl;		/* the client Query's (tvars.isent after it) */
+		uint32_t seq;		/* the hidden query's number (tvars.sent after it), the
+					   client Query's (tvars.isent), the batch's (tvars.esent) */
+		uint8_t kind;		/* TV_HIDDEN, TV_INLINE, TV_EXT */
 		int n;
 		struct tv_val v[TV_MAX];
 	} p[TV_PEND];			/* sent, not answered yet, oldest first */
@@ -1632,8 +1638,10 @@ void plugin_tvars_hidden_sent(struct server *s)
 	if (!t)
 		return;
 	t->sent++;
-	if (!t->ours)
+	if (!t->ours) {
 		tv_clear(t);
+		s->ext_armed = false;
+	}
 }
 
 void plugin_tvars_hidden_error(struct server *s)
@@ -1642,7 +1650,7 @@ void plugin_tvars_hidden_error(struct server *s)
 		s->tvars->err = true;
 }
 
-static void tv_answered(struct tvars *t, bool inl, uint32_t seq, bool ok);
+static void tv_answered(struct tvars *t, int kind, uint32_t seq, bool ok);
 
 /* The ReadyForQuery of a hidden query: a prefix of ours that ran outside a
  * block (status I) without error is known from now on. */
@@ -1653,7 +1661,7 @@ void plugin_tvars_hidden_rfq(struct server *s, char status)
 	if (!t)
 		return;
 	t->done++;
-	tv_answered(t, false, t->done, status == 'I' && !t->err);
+	tv_answered(t, TV_HIDDEN, t->done, status == 'I' && !t->err);
 	t->err = false;
 }
 
@@ -1665,15 +1673,24 @@ void plugin_tvars_inline_rfq(struct server *s, char status, bool failed)
 	if (!t)
 		return;
 	t->idone++;
-	tv_answered(t, true, t->idone, status == 'I' && !failed);
+	tv_answered(t, TV_INLINE, t->idone, status == 'I' && !failed);
 }
 
-/* The query numbered seq (of its kind) was answered: its values are known if ok. */
-static void tv_answered(struct tvars *t, bool inl, uint32_t seq, bool ok)
+/* The first ReadyForQuery after values sent inside a batch, up to the seq-th
+ * such send: they stuck if the transaction ended there (I) without error. */
+void plugin_tvars_ext_rfq(struct server *s, uint32_t seq, bool ok)
 {
-	while (t->np && t->p[0].inl == inl && t->p[0].seq < seq)
+	if (s->tvars)
+		tv_answered(s->tvars, TV_EXT, seq, ok);
+}
+
+/* The query numbered seq (of its kind) was answered: its values are known if
+ * ok. Values sent inside a batch are all answered by one ReadyForQuery. */
+static void tv_answered(struct tvars *t, int kind, uint32_t seq, bool ok)
+{
+	while (t->np && t->p[0].kind == kind && t->p[0].seq < seq && kind != TV_EXT)
 		tv_pop(t);	/* an answer was lost (cannot happen): never trust it */
-	if (t->np && t->p[0].inl == inl && t->p[0].seq == seq) {
+	while (t->np && t->p[0].kind == kind && t->p[0].seq <= seq) {
 		for (int i = 0; ok && i < t->p[0].n; i++) {
 			struct tv_val *pv = &t->p[0].v[i];
 			int k = tv_find(t->v, t->n, pv->name, pv->nlen);
@@ -1846,7 +1863,13 @@ static void tv_superseded(struct tvars *t, const char *name, size_t nlen)
  * is not known to have, in one hidden Query (`SET a = 'x'; SET b = 'y'`, or
  * set_config() for names SET cannot take as written) or, for a Query whose
  * plugin allowed it (query_vars_inline), in front of the message itself
- * (ev->inl, see plugin_query_build); and tell the plugins what was done.
+ * (ev->inl, see plugin_query_build); where no simple Query may go (inside
+ * the client's extended-protocol batch, before a Bind of the unnamed
+ * statement), in hidden extended-protocol messages (server_send_hidden_ext):
+ * one `SET` each (a utility statement: PostgreSQL plans nothing, so it
+ * costs less than `SELECT set_config`, doc/plugins.md), or one
+ * `SELECT set_config(...)` when a name cannot go in a SET as written; and
+ * tell the plugins what was done.
  */
 void plugin_query_send_vars(struct client *c, struct lk_event *ev)
 {
@@ -1855,6 +1878,7 @@ void plugin_query_send_vars(struct client *c, struct lk_event *ev)
 	struct tvars *t;
 	unsigned want = 0;
 	int outcome = LK_VARS_KNOWN;
+	bool ext = false;
 
 	if (!ev->n_vars && !ev->n_on_vars)
 		return;
@@ -1874,12 +1898,11 @@ void plugin_query_send_vars(struct client *c, struct lk_event *ev)
 	if (want && ev->qtype == 'Q' && ev->vars_inline) {
 		/* in front of the Query itself: fine also after an open batch (the Query ends it) */
 	} else if (want && (s->ext_open || plugin_query_binds_unnamed(ev))) {
-		outcome = LK_VARS_SKIPPED;	/* a simple Query would end the batch */
-		want = 0;
+		ext = true;	/* a simple Query would end the batch: extended messages */
 	}
 	if (want) {
 		char sql[TV_MAX * TV_SQL_ONE + 16];
-		bool set_form = true, inl = ev->qtype == 'Q' && ev->vars_inline;
+		bool set_form = true, inl = !ext && ev->qtype == 'Q' && ev->vars_inline;
 		size_t o = 0;
 		int np, nwant = 0;
 		for (int i = 0; i < ev->n_vars; i++) {
@@ -1896,7 +1919,9 @@ void plugin_query_send_vars(struct client *c, struct lk_event *ev)
 			if (!(want & (1u << i)))
 				continue;
 			if (set_form) {
-				if (o && !inl)
+				if (ext)
+					o = 0;		/* one SET per group of extended messages */
+				else if (o && !inl)
 					PUT_STR(sql, &o, "; ");
 				PUT_STR(sql, &o, "SET ");
 				put_bytes(sql, &o, x->name[i], x->nlen[i]);
@@ -1904,6 +1929,10 @@ void plugin_query_send_vars(struct client *c, struct lk_event *ev)
 				put_literal(sql, &o, x->value[i], x->vlen[i]);
 				if (inl)
 					PUT_STR(sql, &o, "; ");
+				if (ext) {
+					sql[o] = 0;
+					server_send_hidden_ext(s, sql);
+				}
 			} else {
 				if (o > 7)
 					PUT_STR(sql, &o, ", ");
@@ -1918,7 +1947,14 @@ void plugin_query_send_vars(struct client *c, struct lk_event *ev)
 		}
 		sql[o] = 0;
 		np = t->np < TV_PEND ? t->np : -1;
-		if (inl) {
+		if (ext) {
+			if (!set_form)
+				server_send_hidden_ext(s, sql);	/* one SELECT set_config(...), ... */
+			/* no ReadyForQuery of their own: the first one the client's batch
+			 * gets says whether they stuck (server_expect marks its item) */
+			s->ext_seq = ++t->esent;
+			s->ext_armed = true;
+		} else if (inl) {
 			if (ev->inl_cap < o + 1) {
 				free(ev->inl);
 				ev->inl_cap = o + 1 > 256 ? o + 1 : 256;
@@ -1935,8 +1971,8 @@ void plugin_query_send_vars(struct client *c, struct lk_event *ev)
 		}
 		if (np >= 0) {		/* remembered when it is answered (else: not tracked) */
 			struct tv_pend *pe = &t->p[np];
-			pe->seq = inl ? t->isent : t->sent;
-			pe->inl = inl;
+			pe->seq = ext ? t->esent : inl ? t->isent : t->sent;
+			pe->kind = ext ? TV_EXT : inl ? TV_INLINE : TV_HIDDEN;
 			pe->n = 0;
 			for (int i = 0; i < ev->n_vars; i++) {
 				if (!(want & (1u << i)))

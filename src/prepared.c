@@ -452,8 +452,16 @@ struct rq_item *server_expect(struct server *s, char type, int act)
 {
 	struct rq_item *it = rq_push(&s->rq, type, act);
 
-	if (!it)
+	if (!it) {
 		server_close(s, "out of memory");
+		return NULL;
+	}
+	if (s->ext_armed && (type == 'S' || type == 'Q' || type == 'F')) {
+		/* its ReadyForQuery says whether the values sent inside the batch stuck */
+		it->vars_ext = true;
+		it->ext_seq = s->ext_seq;
+		s->ext_armed = false;
+	}
 	return it;
 }
 

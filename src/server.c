@@ -9,7 +9,9 @@
  * and prepared.c fill it). Replies to queries the pooler sent itself
  * (parameter SETs, server_reset_query) are RQ_HIDE: everything up to their
  * ReadyForQuery is dropped; of the pooler's own Parse/Close (prepared
- * statements, a plugin's re-parse) only the completion message is dropped.
+ * statements, a plugin's re-parse) only the completion message is dropped,
+ * and of its own Bind/Execute inside a client's extended-protocol batch
+ * (server_send_hidden_ext) the completions and the DataRows.
  * Replies the pooler makes itself (RQ_SYNTH) go to the client when their
  * item reaches the head. When nothing is owed and the transaction status is
  * idle, the server is `ready` and the pool may take it back (transaction
@@ -510,6 +512,59 @@ void server_send_hidden(struct server *s, const char *sql)
 	plugin_tvars_hidden_sent(s);
 }
 
+/*
+ * `sql`, one statement, where a simple Query may not go: inside the client's
+ * extended-protocol batch (a Query would end it, and after an error in it
+ * PostgreSQL would skip the Query, whose ReadyForQuery then never comes) or
+ * before a Bind of the unnamed statement (a Query drops that statement). It
+ * runs as the pooler's own named statement and portal: Close (of the
+ * statement, left over if an error stopped the last run), Parse, Bind,
+ * Execute, Close of the portal, Close of the statement, every reply hidden. An error
+ * reaches the client like one of its own batch's (PostgreSQL then skips the
+ * batch up to its Sync). The statement ends with the client's transaction.
+ */
+#define HIDDEN_EXT_NAME "lokadb_hidden_ext"
+
+void server_send_hidden_ext(struct server *s, const char *sql)
+{
+	struct pktbuf *pb = &rt->pb;
+	static const char order[] = "CPBECC";
+
+	for (const char *t = order; *t; t++)
+		if (!server_expect(s, *t, RQ_HIDE))
+			return;
+	pkt_begin(pb, 'C');
+	pkt_put_byte(pb, 'S');
+	pkt_put_string(pb, HIDDEN_EXT_NAME);
+	pkt_end(pb);
+	pkt_begin(pb, 'P');
+	pkt_put_string(pb, HIDDEN_EXT_NAME);
+	pkt_put_string(pb, sql);
+	pkt_put_int16(pb, 0);
+	pkt_end(pb);
+	pkt_begin(pb, 'B');
+	pkt_put_string(pb, HIDDEN_EXT_NAME);	/* portal */
+	pkt_put_string(pb, HIDDEN_EXT_NAME);	/* statement */
+	pkt_put_int16(pb, 0);
+	pkt_put_int16(pb, 0);
+	pkt_put_int16(pb, 0);
+	pkt_end(pb);
+	pkt_begin(pb, 'E');
+	pkt_put_string(pb, HIDDEN_EXT_NAME);
+	pkt_put_int32(pb, 0);
+	pkt_end(pb);
+	pkt_begin(pb, 'C');			/* a named portal lives until the transaction ends */
+	pkt_put_byte(pb, 'P');
+	pkt_put_string(pb, HIDDEN_EXT_NAME);
+	pkt_end(pb);
+	pkt_begin(pb, 'C');
+	pkt_put_byte(pb, 'S');
+	pkt_put_string(pb, HIDDEN_EXT_NAME);
+	pkt_end(pb);
+	pkt_send(pb, bufferevent_get_output(s->bev));
+	s->ext_open = true;
+}
+
 static void move_bytes(struct server *s, struct evbuffer *in, uint32_t n)
 {
 	size_t avail = evbuffer_get_length(in);
@@ -637,7 +692,8 @@ static void handle_rfq(struct server *s, struct evbuffer *in, const uint8_t *hdr
 	struct rq_item *it;
 	char status = (char)hdr[5];
 	struct client *c = s->link;
-	bool client_rfq = false, hidden_rfq = false, vars = false, vars_err = false;
+	bool client_rfq = false, hidden_rfq = false, vars = false, vars_err = false, ext = false;
+	uint32_t ext_seq = 0;
 
 	s->fwd_hidden = true;
 	while ((it = rq_head(&s->rq))) {
@@ -646,6 +702,8 @@ static void handle_rfq(struct server *s, struct evbuffer *in, const uint8_t *hdr
 			hidden_rfq = !client_rfq;
 			vars = it->vars;
 			vars_err = it->vars_err;
+			ext = it->vars_ext;
+			ext_seq = it->ext_seq;
 			s->fwd_hidden = !client_rfq;
 			rq_pop(&s->rq);
 			break;
@@ -658,6 +716,9 @@ static void handle_rfq(struct server *s, struct evbuffer *in, const uint8_t *hdr
 		plugin_tvars_inline_rfq(s, status, vars_err);
 	else if (hidden_rfq)
 		plugin_tvars_hidden_rfq(s, status);
+	if (ext)
+		plugin_tvars_ext_rfq(s, ext_seq, status == 'I' && !s->ext_err);
+	s->ext_err = false;
 	s->txn_status = status;
 	batch_take(s, in, 6);
 	batch_flush(s, in);
@@ -801,6 +862,7 @@ static bool inspect_message(struct server *s, struct evbuffer *in, const uint8_t
 	} else if (type == 'E') {
 		struct rq_item *head = rq_head(&s->rq);
 		s->copy_in = false;	/* an error ends COPY IN */
+		s->ext_err = true;	/* values sent inside the batch did not stick */
 		if (head && head->type == 'Q' && head->vars) {
 			head->hide_cc = 0;	/* the Query stops here: no SET's reply comes after */
 			head->vars_err = true;
@@ -850,7 +912,7 @@ static bool server_message(struct server *s, struct evbuffer *in)
 		return false;
 	}
 	head = rq_head(&s->rq);
-	s->fwd_hidden = head && head->act == RQ_HIDE && head->type == 'Q';
+	s->fwd_hidden = head && head->act == RQ_HIDE && (head->type == 'Q' || (head->type == 'E' && type == 'D'));
 	if (type == 'C' && head && head->type == 'Q' && head->hide_cc) {
 		head->hide_cc--;	/* a SET put in front of the client's Query */
 		s->fwd_hidden = true;

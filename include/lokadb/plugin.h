@@ -40,7 +40,7 @@ extern "C" {
 
 #define LK_PLUGIN_MAGIC 0x4c4b504cu	/* "LKPL" */
 #define LK_ABI_MAJOR 1
-#define LK_ABI_MINOR 7
+#define LK_ABI_MINOR 8
 #define LK_PLUGIN_SYMBOL "lokadb_plugin"
 
 /* Opaque handles. */
@@ -120,7 +120,7 @@ struct sockaddr;
 /* An answer of api->resolve: sa (port set) and its length, or sa NULL and error. */
 typedef void (*lk_resolve_fn)(lk_plugin *self, void *arg, const struct sockaddr *sa, int len, const char *error);
 enum lk_vars_outcome {
-	LK_VARS_SKIPPED = -1,	/* a value differed but no simple Query may go here (see query_set_var) */
+	LK_VARS_SKIPPED = -1,	/* a value differed but nothing could go (cores before ABI 1.8, see query_set_var) */
 	LK_VARS_KNOWN = 0,	/* the server already had every value: nothing sent */
 	LK_VARS_SENT = 1,	/* a set_config prefix went before the message */
 };
@@ -413,8 +413,14 @@ struct lk_api {
 	 * (server_reset_query, connect_query, a check, a parameter SET, a
 	 * query_prefix) and a new server knows none. Where a simple Query may
 	 * not go (extended-protocol messages without a Sync outstanding, a Bind
-	 * of the unnamed statement) nothing is sent and the message runs as is
-	 * (LK_VARS_SKIPPED); query_prefix would refuse it instead.
+	 * of the unnamed statement), a core of ABI 1.8 or later
+	 * (api->abi_minor >= 8) sends them as hidden extended-protocol
+	 * messages of its own (statement and portal "lokadb_hidden_ext":
+	 * Close, Parse, Bind, Execute, Close, Close; one `SET` each, or the
+	 * SELECT) right before the message, LK_VARS_SENT; they are known once
+	 * the client's batch gets a ReadyForQuery I with no error since. An
+	 * older core sent nothing there and the message ran as is
+	 * (LK_VARS_SKIPPED). query_prefix refuses such a message instead.
 	 * value NULL: this message itself changes `name` (SET, RESET, DISCARD
 	 * ALL ...): the server's value is forgotten. At most 8 names per event;
 	 * name at most 63 bytes, value at most 255, neither with a backslash or
@@ -454,6 +460,10 @@ struct lk_api {
 	 * (`lokadb.org`) and values printable ASCII, else the values go in a
 	 * separate hidden Query as without this call. 0 or -1. */
 	int (*query_vars_inline)(lk_event *ev);
+
+	/* ---- ABI 1.8: no new field. query_set_var values also go where no
+	 * simple Query may (hidden extended-protocol messages, see
+	 * query_set_var): test api->abi_minor >= 8. ---- */
 };
 
 #ifdef __cplusplus

@@ -57,16 +57,17 @@
  * else the prefix is sent (a cost of a few microseconds on the server, not a
  * round trip). `pcm_known` is the same belief for plan_cache_mode.
  *
- * Where a prefix may not go (prefixes_skipped, README "Where no prefix can
- * go"): before a Bind of the unnamed statement (a simple Query drops
+ * Where a simple Query may not go (README "Inside an extended-protocol
+ * batch"): before a Bind of the unnamed statement (a simple Query drops
  * PostgreSQL's unnamed prepared statement), and after a Parse or Bind of
- * the same batch (the core hides every reply up to the prefix's
- * ReadyForQuery, and PostgreSQL skips the Query after an error in the
- * batch). `batch_open` tracks the latter: set by P/B, cleared by a Query
- * and by a TXN_END that ends the batch (txn_end_batch). Such a statement runs
- * with the server's current value. Blocks sent with the extended protocol
- * get the session's organization before their BEGIN, the last point where
- * a prefix is known to be safe.
+ * the same batch (the Query would end the batch, and PostgreSQL skips it
+ * after an error in the batch). `batch_open` tracks the latter: set by P/B,
+ * cleared by a Query and by a TXN_END that ends the batch (txn_end_batch).
+ * A core of ABI 1.8 sends query_set_var values there as hidden
+ * extended-protocol messages (core_sends_anywhere); with an older core, or
+ * with query_prefix, the statement runs with the server's current value
+ * (prefixes_skipped). Blocks sent with the extended protocol also get the
+ * session's organization before their BEGIN.
  */
 #include <lokadb/plugin.h>
 
@@ -705,10 +706,16 @@ static uint64_t cat_key(const struct orr *g)
 	return (g->mc->version() << 20) ^ g->gen;
 }
 
+/* A core of ABI 1.8 sends query_set_var values also where no simple Query may go. */
+static bool core_sends_anywhere(void)
+{
+	return LK_API_HAS(api, query_set_var) && api->abi_minor >= 8;
+}
+
 /*
  * May a simple Query go before this message? Not before a Bind of the
  * unnamed statement (it would drop the statement), not after a Parse or Bind
- * of the same batch (README "Where no prefix can go").
+ * of the same batch (README "Inside an extended-protocol batch").
  */
 static bool prefix_safe(lk_event *ev, const struct orc *x)
 {
@@ -746,8 +753,8 @@ static void vars_done(lk_plugin *self, lk_client *c, int outcome, unsigned sent,
 		g->n[N_PREFIXES]++;
 		if (x->pcm_bit >= 0 && (sent & (1u << x->pcm_bit))) {
 			x->pcm_known = true;
-			if (api->client_in_transaction(c))
-				x->pcm_in_block = true;
+			if (api->client_in_transaction(c) || x->changed_in_block)
+				x->pcm_in_block = true;	/* (also: sent inside a batch, see ensure_org) */
 			g->n[N_PLAN_MODE]++;
 		}
 		if (x->inline_req && !api->client_in_transaction(c)) {
@@ -799,7 +806,7 @@ static void ensure_org(struct orr *g, lk_event *ev, lk_client *c, struct orc *x,
 		d->prefix = "known";
 		return;
 	}
-	if (!prefix_safe(ev, x)) {
+	if (!prefix_safe(ev, x) && !core_sends_anywhere()) {
 		d->prefix = "skipped";
 		g->n[N_PREFIXES_SKIPPED]++;
 		return;
@@ -810,8 +817,15 @@ static void ensure_org(struct orr *g, lk_event *ev, lk_client *c, struct orc *x,
 		d->prefix = "core";
 		set_cur(&x->cur, d->org);
 		x->cur_valid = x->cur != NULL;
-		if (api->client_in_transaction(c))
+		/* inside a block it may be rolled back; before a Parse or Bind the core
+		 * may send it inside the batch, where it ends with the transaction */
+		if (api->client_in_transaction(c) || (core_sends_anywhere() && api->query_type(ev) != 'Q'))
 			x->changed_in_block = true;
+		return;
+	}
+	if (!prefix_safe(ev, x)) {	/* query_prefix is a simple Query: not here */
+		d->prefix = "skipped";
+		g->n[N_PREFIXES_SKIPPED]++;
 		return;
 	}
 	if (!or_quote_literal(d->org, lit, sizeof(lit)))

@@ -253,11 +253,11 @@ def test_the_session_organization_applies_when_the_statement_has_none(router):
 
 
 
-def test_a_transaction_block_of_the_extended_protocol_gets_the_session_organization_at_begin(router):
-    """Inside a block the plugin cannot tell a new batch from the middle of one
-    (no prefix may go there), so it sets the session's organization before
-    BEGIN; a statement of another organization inside the block runs
-    without its prefix (counted in prefixes_skipped)."""
+def test_a_transaction_block_of_the_extended_protocol_gets_each_statements_organization(router):
+    """The session's organization goes before BEGIN; inside the block, where
+    the plugin cannot tell a new batch from the middle of one, a statement
+    of another organization gets its own in hidden extended-protocol
+    messages (no simple Query may go there), and none is skipped."""
     b = router(settings={"pool_mode": "transaction"})
     with b.connect("app", USER, autocommit=False) as c:
         c.execute("SELECT set_config('lokadb.org', '3', false)")
@@ -266,12 +266,18 @@ def test_a_transaction_block_of_the_extended_protocol_gets_the_session_organizat
             assert c.execute(f"SELECT {SETTING}, count(*) FROM documents WHERE %s", [True]).fetchone()[0] == "3"
             assert c.execute(f"SELECT {SETTING}, count(*) FROM versions WHERE %s", [True]).fetchone()[0] == "3"
             c.commit()
-        before = stats(b)["prefixes_skipped"]
-        assert c.execute("SELECT count(*) FROM documents WHERE organization_id = 1 AND %s", [True]
-                         ).fetchone()[0] == direct(b.pg, "SELECT count(*) FROM documents WHERE organization_id = 1")[0][0]
+        before = stats(b)
+        row = c.execute(f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = 1 AND %s", [True]
+                        ).fetchone()
+        assert tuple(row) == ("1", direct(b.pg, "SELECT count(*) FROM documents WHERE organization_id = 1")[0][0])
+        # back to the session's organization in the same block
+        assert c.execute(f"SELECT {SETTING}, count(*) FROM versions WHERE %s", [True]).fetchone()[0] == "3"
         c.commit()
-        assert stats(b)["prefixes_skipped"] >= before + 1
+        after = stats(b)
+        assert after["prefixes_skipped"] == before["prefixes_skipped"]
+        assert after["prefixes"] >= before["prefixes"] + 2
     assert any("decision=begin" in l and "org=3" in l and "prefix=sent" in l for l in route_lines(b))
+
 
 def test_options_at_connect_give_the_session_organization(router):
     # org_routing declares lokadb.org as a startup parameter: no
@@ -317,17 +323,19 @@ def test_extended_protocol_classifies_at_parse_and_decides_at_bind(router):
                         f"RETURNING {SETTING}", [3], prepare=True)
         assert cur.fetchone()[0] == "3"
         c.execute("DELETE FROM documents WHERE title = 'p1'")
-        # a parameter in the unnamed statement: decided at the Bind, but no Query may
-        # precede that Bind (it would drop the unnamed statement): the statement runs
-        # with whatever lokadb.org the server has, and the results are right
-        count = direct(b.pg, "SELECT count(*) FROM documents WHERE organization_id = 1")[0][0]
-        row = c.execute(f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = %s AND true", [1],
-                        prepare=False).fetchone()
-        assert row[1] == count
+        # a parameter in the unnamed statement: decided at the Bind, where no Query may
+        # go (it would drop the unnamed statement): the organization goes in hidden
+        # extended-protocol messages before the Bind
+        for org in (1, 3, 1):
+            count = direct(b.pg, "SELECT count(*) FROM documents WHERE organization_id = %s", [org])[0][0]
+            row = c.execute(f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = %s AND true",
+                            [org], prepare=False).fetchone()
+            assert tuple(row) == (str(org), count)
     st = stats(b)
-    assert st["prefixes_skipped"] >= 1
+    assert st["prefixes_skipped"] == 0
     lines = route_lines(b)
-    assert any(" B org=1 decision=param " in l and "prefix=skipped" in l for l in lines), lines
+    assert any(" B org=1 decision=param " in l and "prefix=sent" in l for l in lines), lines
+    assert not any("prefix=skipped" in l for l in lines), lines
     assert any(" P org=- decision=pending " in l for l in lines), lines
 
 
@@ -1049,31 +1057,68 @@ def test_org_routing_needs_meta_cache(bouncer_factory, app):
 
 
 
-def test_no_prefix_goes_into_the_middle_of_a_batch(router):
-    """A Query between the messages of an extended-protocol batch would end up
-    among the batch's replies (the core hides replies up to the prefix's
-    ReadyForQuery); the plugin sends its prefix only before the first message
-    of a batch."""
+def test_a_statement_in_the_middle_of_a_batch_gets_its_organization(router):
+    """A Query between the messages of an extended-protocol batch would end
+    the batch (and after an error in it PostgreSQL would skip the Query): in
+    the middle of a batch the organization goes in hidden extended-protocol
+    messages, whose replies the client never sees."""
     b = router()
     w = b.login("app", USER)
     q1 = Wire.parse_msg(f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = 1")
     q3 = Wire.parse_msg(f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = 3")
+    qp = Wire.parse_msg(f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = $1")
     bad = Wire.parse_msg("SELECT no_such_column FROM projects")
     n = {o: str(direct(b.pg, "SELECT count(*) FROM documents WHERE organization_id = %s", [o])[0][0])
          for o in (1, 3)}
     one = Wire.bind_msg() + Wire.execute_msg()
-    w.send(q1 + one + q3 + one + Wire.sync_msg())
+    w.send(q1 + one + q3 + one + qp + Wire.bind_msg(params=[1]) + Wire.execute_msg() + Wire.sync_msg())
     res = w.read_until_ready(timeout=5 * SLOW)
-    assert res.error is None and [r[1] for r in res.rows] == [n[1], n[3]]
-    assert [m[0] for m in res.messages] == [b"1", b"2", b"D", b"C", b"1", b"2", b"D", b"C", b"Z"]
-    # an error early in the batch: PostgreSQL skips to the Sync, the client gets its error
+    assert res.error is None and res.rows == [["1", n[1]], ["3", n[3]], ["1", n[1]]]
+    assert [m[0] for m in res.messages] == [b"1", b"2", b"D", b"C"] * 3 + [b"Z"]
+    # an error early in the batch: PostgreSQL skips to the Sync (the hidden
+    # messages too), the client gets its error and the session goes on
     w.send(bad + one + q3 + one + Wire.sync_msg())
     res = w.read_until_ready(timeout=5 * SLOW)
     assert_error(res.error, "42703", "no_such_column")
+    assert [m[0] for m in res.messages] == [b"E", b"Z"]
     assert w.query(f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = 3").rows == [["3", n[3]]]
-    assert stats(b)["prefixes_skipped"] >= 2
+    # a failing statement behind the hidden messages: its own error, nothing else
+    w.send(q1 + one + Wire.parse_msg("SELECT 1 / (count(*) - count(*)) FROM documents WHERE organization_id = 3") +
+           one + Wire.sync_msg())
+    res = w.read_until_ready(timeout=5 * SLOW)
+    assert_error(res.error, "22012", "division by zero")
+    assert [m[0] for m in res.messages] == [b"1", b"2", b"D", b"C", b"1", b"2", b"E", b"Z"]
+    assert stats(b)["prefixes_skipped"] == 0
+    w.send(q3 + one + q1 + one + Wire.sync_msg())
+    res = w.read_until_ready(timeout=5 * SLOW)
+    assert res.error is None and res.rows == [["3", n[3]], ["1", n[1]]]
 
 
+def test_psycopg_pipelines_and_unnamed_statements_get_each_statements_organization(router):
+    """What an ORM on psycopg sends: unnamed statements with the organization
+    as a parameter, in pipelines, in transaction pooling with clients sharing
+    the servers. Every statement runs with its own organization, whether the
+    server had it (nothing sent), or got it in front of the statement."""
+    b = router(settings={"pool_mode": "transaction", "default_pool_size": "2"})
+    counts = {o: direct(b.pg, "SELECT count(*) FROM documents WHERE organization_id = %s", [o])[0][0]
+              for o in (1, 3)}
+    q = f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = %s"
+    conns = [b.connect("app", USER, prepare_threshold=None) for _ in range(3)]
+    try:
+        for rnd in range(4):
+            for i, c in enumerate(conns):
+                orgs = [1, 3, 3, 1] if (rnd + i) % 2 else [3, 1, 1, 3]
+                with c.pipeline():
+                    curs = [c.execute(q, [o]) for o in orgs]
+                assert [tuple(cur.fetchone()) for cur in curs] == [(str(o), counts[o]) for o in orgs]
+                # and alone, outside a pipeline (a Bind of the unnamed statement)
+                assert tuple(c.execute(q, [orgs[-1]]).fetchone()) == (str(orgs[-1]), counts[orgs[-1]])
+    finally:
+        for c in conns:
+            c.close()
+    st = stats(b)
+    assert st["prefixes_skipped"] == 0
+    assert st["prefixes"] > 0 and st["prefixes_known"] > 0
 
 
 def test_a_parse_sent_alone_after_a_prefix_keeps_its_server(router):
@@ -1459,8 +1504,8 @@ def test_an_error_of_a_statement_with_values_in_front_is_reported_as_without(rou
     bad = [
         # a position (the cast's literal): must point into the client's text
         f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = 3 AND title = 'a' AND id = 'x'::int",
-        f"SELECT count(*) / 0 FROM documents WHERE organization_id = 3",
-        f"SELECT no_such_column FROM documents WHERE organization_id = 3",
+        "SELECT count(*) / 0 FROM documents WHERE organization_id = 3",
+        "SELECT no_such_column FROM documents WHERE organization_id = 3",
         "INSERT INTO versions (organization_id, document_id, body) VALUES (3, 1, NULL)",
     ]
     with Wire(port=app.port, timeout=10 * SLOW) as d:

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from lokadb_harness import HERE
+from lokadb_harness import HERE, Wire
 
 PLUGIN_DIR = os.environ.get("LOKADB_TEST_PLUGIN_DIR") or str(
     (HERE / "../../build/rel/test-plugins").resolve())
@@ -111,3 +111,56 @@ def test_a_failed_inline_statement_leaves_the_value_unknown(b):
     assert last_vars(b)[:2] == (SENT, 1)
     assert settings(w, ["inline", "t.a=5"], ["t.a"]) == ("5",)
     assert last_vars(b)[:2] == (KNOWN, 0)
+
+
+def test_values_inside_an_extended_protocol_batch(b):
+    """Where no simple Query may go (in the middle of a batch, before a Bind
+    of the unnamed statement) the values go as hidden extended-protocol
+    messages (ABI 1.8): the client sees only its own replies, an error
+    reaches it as its batch's, and the core takes the values as known once
+    the batch's transaction ended (ReadyForQuery I) without an error."""
+    w = b.login()
+    items = "/*vars t.a=it's|t.Mixed=@q2 */ "
+    sql = items + "SELECT current_setting('t.a', true), current_setting('t.mixed', true)"
+    one = Wire.bind_msg() + Wire.execute_msg()
+    # the second statement of a batch: t.Mixed needs the set_config form
+    w.send(Wire.parse_msg("SELECT 1") + one + Wire.parse_msg(sql) + one + Wire.sync_msg())
+    res = w.read_until_ready()
+    assert res.error is None and res.rows == [["1"], ["it's", "''"]]
+    assert [m[0] for m in res.messages] == [b"1", b"2", b"D", b"C"] * 2 + [b"Z"]
+    assert last_vars(b)[:2] == (SENT, 0b11)
+    # known since the batch's ReadyForQuery: nothing goes
+    assert settings(w, ["t.a=it's", "t.Mixed=@q2"], ["t.a", "t.mixed"]) == ("it's", "''")
+    assert last_vars(b)[:2] == (KNOWN, 0)
+    # only what changed goes, in the batch before its second Parse; known once that
+    # batch ended, so a Bind of that unnamed statement alone in the next batch sends nothing
+    w.send(Wire.parse_msg("SELECT 1") + one +
+           Wire.parse_msg(items.replace("it's", "x") + "SELECT current_setting('t.a', true)") + Wire.sync_msg())
+    res = w.read_until_ready()
+    assert res.error is None and [m[0] for m in res.messages] == [b"1", b"2", b"D", b"C", b"1", b"Z"]
+    assert last_vars(b)[:2] == (SENT, 0b01)
+    w.send(one + Wire.sync_msg())
+    res = w.read_until_ready()
+    assert res.error is None and res.rows == [["x"]] and [m[0] for m in res.messages] == [b"2", b"D", b"C", b"Z"]
+    assert last_vars(b)[:2] == (KNOWN, 0)
+    # names a SET takes as written: one SET per group of hidden messages
+    sql2 = "/*vars t.a=o''k|t.b=@q3 */ SELECT current_setting('t.a', true), current_setting('t.b', true)"
+    w.send(Wire.parse_msg("SELECT 1") + one + Wire.parse_msg(sql2) + one + Wire.sync_msg())
+    res = w.read_until_ready()
+    assert res.error is None and res.rows == [["1"], ["o''k", "'''"]]
+    assert [m[0] for m in res.messages] == [b"1", b"2", b"D", b"C"] * 2 + [b"Z"]
+    assert last_vars(b)[:2] == (SENT, 0b11)
+    # a statement that fails behind the hidden messages: its error, nothing else
+    items3 = "/*vars t.a=gone|t.b=@q3 */ "
+    w.send(Wire.parse_msg("SELECT 1") + one + Wire.parse_msg(items3 + "SELECT 1 / (count(*) - count(*)) FROM pg_class")
+           + one + Wire.sync_msg())
+    res = w.read_until_ready()
+    assert res.error is not None and res.error.sqlstate == "22012"
+    assert [m[0] for m in res.messages] == [b"1", b"2", b"D", b"C", b"1", b"2", b"E", b"Z"]
+    assert last_vars(b)[:2] == (SENT, 0b01)
+    # rolled back with the batch's implicit transaction, and not taken as known
+    assert w.query("SELECT current_setting('t.a', true)").rows == [["o''k"]]
+    assert settings(w, ["t.a=gone"], ["t.a"]) == ("gone",)
+    assert last_vars(b)[:2] == (SENT, 0b01)
+    res = w.query("SELECT 1")
+    assert res.rows == [["1"]] and res.tags == ["SELECT 1"]
