@@ -22,7 +22,9 @@ organizations with `SET lokadb.org = '<o>'; ` in front in the same Query:
 what org_routing sends PostgreSQL when the server connection holds another
 organization, without org_routing); it warms it with the measured workload
 and client count, measures `pgbench -M simple -c C -j 2` (`-j 1` for one
-client), and stops it. A round runs each mode on 1 then N organizations;
+client; `--protocol extended`: `-M extended`, each statement the unnamed
+statement with its organization a parameter, mode `set` not available),
+and stops it. A round runs each mode on 1 then N organizations;
 the order of the modes rotates from one round to the next. The report
 gives every run with the CPU of lokadb and of PostgreSQL per transaction
 (/proc), and per mode the median tps of each layout, their ratio, and the
@@ -35,6 +37,7 @@ usage: keep.py [--orgs 1000] [--layout isolated|default] [--clients 32]
                [--workloads read,update,insert] [--modes on,off,set]
                [--rounds 5] [--seconds 8] [--warm 8] [--affinity 8]
                [--lokadb ./lokadb] [--plugin-dir ./plugins]
+               [--protocol simple|extended]
 (`--off` is `--modes off`.)
 """
 import argparse
@@ -123,7 +126,7 @@ def one_run(a, pg, base, n, wl, mode):
         per = DOCS // n
 
         def pgbench(secs):
-            r = subprocess.run([str(bl.PG_BIN / "pgbench"), "-n", "-M", "simple",
+            r = subprocess.run([str(bl.PG_BIN / "pgbench"), "-n", "-M", a.protocol,
                                 "-f", str(script(base, wl, mode, n)),
                                 "-D", f"norgs={n}", "-D", f"per={per}", "-c", str(a.clients),
                                 "-j", str(min(2, a.clients)), "-T", str(secs),
@@ -157,10 +160,15 @@ def main():
     ap.add_argument("--affinity", type=int, default=8)
     ap.add_argument("--lokadb", default=str(REPO / "lokadb"))
     ap.add_argument("--plugin-dir", default=str(REPO / "plugins"))
+    ap.add_argument("--protocol", choices=["simple", "extended"], default="simple",
+                    help="pgbench -M: extended sends each statement as the unnamed statement, its "
+                         "organization a parameter")
     a = ap.parse_args()
     modes = ["off"] if a.off else a.modes.split(",")
     if not modes or len(set(modes)) != len(modes) or not set(modes) <= {"on", "off", "set"}:
         ap.error("--modes: a list of on, off and set")
+    if "set" in modes and a.protocol != "simple":
+        ap.error("--modes set needs --protocol simple (the SET and the statement go in one Query)")
     a.lokadb, a.plugin_dir = str(Path(a.lokadb).resolve()), str(Path(a.plugin_dir).resolve())
     bl.install_cleanup_handlers()
     base = bl.make_tempdir("lokadb-keep-")
@@ -174,7 +182,7 @@ def main():
         names = {"on": f"plugins on (org_affinity = {a.affinity})", "off": "plugins off",
                  "set": "plugins off with the SET in front"}
         print(f"# keep: {a.orgs} organizations {where} against 1, {' and '.join(names[m] for m in modes)}, "
-              f"{a.rounds} rounds of {a.seconds} s (warm-up {a.warm} s), pgbench -M simple "
+              f"{a.rounds} rounds of {a.seconds} s (warm-up {a.warm} s), pgbench -M {a.protocol} "
               f"-c {a.clients} -j {min(2, a.clients)}; target: {target(a.layout, a.orgs):.2f} kept")
         for wl in a.workloads.split(","):
             tps = {(m, n): [] for m in modes for n in (1, a.orgs)}
