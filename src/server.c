@@ -912,7 +912,11 @@ static bool server_message(struct server *s, struct evbuffer *in)
 		return false;
 	}
 	head = rq_head(&s->rq);
-	s->fwd_hidden = head && head->act == RQ_HIDE && (head->type == 'Q' || (head->type == 'E' && type == 'D'));
+	/* the pooler's Query: all of its replies; its Execute (server_send_hidden_ext): its
+	 * rows and notices (not errors, nor a NOTIFY for the client; PostgreSQL reports
+	 * changed settings with the ReadyForQuery, which is the client's) */
+	s->fwd_hidden = head && head->act == RQ_HIDE &&
+			(head->type == 'Q' || (head->type == 'E' && (type == 'D' || type == 'N')));
 	if (type == 'C' && head && head->type == 'Q' && head->hide_cc) {
 		head->hide_cc--;	/* a SET put in front of the client's Query */
 		s->fwd_hidden = true;
@@ -947,8 +951,14 @@ static bool server_message(struct server *s, struct evbuffer *in)
 		batch_flush(s, in);
 		s->copy_in = true;
 		/* a COPY started by Execute: PostgreSQL ignores the Sync already sent */
-		if (head && head->type == 'E' && rq_at(&s->rq, 1) && rq_at(&s->rq, 1)->type == 'S')
+		if (head && head->type == 'E' && rq_at(&s->rq, 1) && rq_at(&s->rq, 1)->type == 'S') {
+			struct rq_item *sync = rq_at(&s->rq, 1);
+			if (sync->vars_ext) {	/* the Sync after the COPY answers for them */
+				s->ext_armed = true;
+				s->ext_seq = sync->ext_seq;
+			}
 			rq_remove(&s->rq, 1);
+		}
 		break;
 	case 'S':
 	case 'E':

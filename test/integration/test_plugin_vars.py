@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from lokadb_harness import HERE, Wire
+from lokadb_harness import HERE, Wire, message
 
 PLUGIN_DIR = os.environ.get("LOKADB_TEST_PLUGIN_DIR") or str(
     (HERE / "../../build/rel/test-plugins").resolve())
@@ -164,3 +164,51 @@ def test_values_inside_an_extended_protocol_batch(b):
     assert last_vars(b)[:2] == (SENT, 0b01)
     res = w.query("SELECT 1")
     assert res.rows == [["1"]] and res.tags == ["SELECT 1"]
+
+
+def test_values_before_a_copy_started_inside_a_batch(b):
+    """A COPY FROM STDIN started by an Execute makes PostgreSQL ignore the Sync
+    already sent: the values sent in that batch are answered by the Sync the
+    client sends after the COPY, and later values are tracked as before."""
+    w = b.login()
+    w.query("CREATE TEMP TABLE t_copy (x int)")
+    one = Wire.bind_msg() + Wire.execute_msg()
+    w.send(Wire.parse_msg("SELECT 1") + one + Wire.parse_msg("/*vars t.a=copy */ COPY t_copy FROM STDIN") + one +
+           Wire.sync_msg())
+    types = []
+    while (not types or types[-1] != b"G") and len(types) < 10:
+        types.append(w.read_msg()[0])
+    assert types == [b"1", b"2", b"D", b"C", b"1", b"2", b"G"]
+    assert last_vars(b)[:2] == (SENT, 1)
+    w.send(message(b"d", b"7\n") + message(b"c") + Wire.sync_msg())
+    res = w.read_until_ready()
+    assert res.error is None and res.tags == ["COPY 1"]
+    # known since that Sync: nothing goes
+    assert settings(w, ["t.a=copy"], ["t.a"]) == ("copy",)
+    assert last_vars(b)[:2] == (KNOWN, 0)
+    for v in ("h1", "h2", "h3", "h4", "h5"):       # and hidden ones keep being tracked
+        assert settings(w, [f"t.a={v}"], ["t.a"]) == (v,)
+        assert last_vars(b)[:2] == (SENT, 1)
+        assert settings(w, [f"t.a={v}"], ["t.a"]) == (v,)
+        assert last_vars(b)[:2] == (KNOWN, 0)
+    assert w.query("SELECT count(*) FROM t_copy").rows == [["1"]]
+
+
+def test_a_reported_setting_sent_inside_a_batch_is_reported_as_in_front_of_a_query(b):
+    """PostgreSQL reports a changed setting it reports to clients (ParameterStatus
+    of application_name) with the ReadyForQuery that ends the transaction, which
+    is the client's: a value sent inside a batch is reported there, as one sent
+    in front of a Query is; only a hidden Query of its own keeps it away."""
+    w = b.login()
+    one = Wire.bind_msg() + Wire.execute_msg()
+    w.send(Wire.parse_msg("SELECT 1") + one +
+           Wire.parse_msg("/*vars application_name=from_batch */ SELECT current_setting('application_name')") + one +
+           Wire.sync_msg())
+    res = w.read_until_ready()
+    assert res.error is None and res.rows == [["1"], ["from_batch"]]
+    assert [m[0] for m in res.messages] == [b"1", b"2", b"D", b"C"] * 2 + [b"S", b"Z"]
+    assert w.params["application_name"] == "from_batch"
+    res = w.query("/*vars inline|application_name=from_inline */ SELECT current_setting('application_name')")
+    assert res.rows == [["from_inline"]] and [m[0] for m in res.messages] == [b"T", b"D", b"C", b"S", b"Z"]
+    res = w.query("/*vars application_name=from_hidden */ SELECT current_setting('application_name')")
+    assert res.rows == [["from_hidden"]] and [m[0] for m in res.messages] == [b"T", b"D", b"C", b"Z"]
