@@ -193,6 +193,14 @@ void pkt_command_complete(struct pktbuf *pb, const char *tag)
 	pkt_end(pb);
 }
 
+void pkt_close(struct pktbuf *pb, char kind, const char *name)
+{
+	pkt_begin(pb, 'C');
+	pkt_put_byte(pb, (uint8_t)kind);
+	pkt_put_string(pb, name);
+	pkt_end(pb);
+}
+
 void pkt_query(struct pktbuf *pb, const char *sql)
 {
 	pkt_begin(pb, 'Q');

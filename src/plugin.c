@@ -2008,10 +2008,7 @@ bool plugin_query_reparse_msgs(struct client *c, struct lk_event *ev, struct pkt
 		return false;
 	st = stmt_find(c, ev->stmt);
 	if (ev->stmt[0]) {
-		pkt_begin(pb, 'C');
-		pkt_put_byte(pb, 'S');
-		pkt_put_string(pb, ev->stmt);
-		pkt_end(pb);
+		pkt_close(pb, 'S', ev->stmt);
 		(*hidden_acks)++;
 	}
 	pkt_begin(pb, 'P');

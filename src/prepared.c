@@ -652,10 +652,7 @@ static bool srv_make_room(struct server *s)
 			return false;
 		it->undo = RQ_UNDO_SRV_CLOSE;
 		it->e = entry_ref(st->e);
-		pkt_begin(&rt->pb, 'C');
-		pkt_put_byte(&rt->pb, 'S');
-		pkt_put_string(&rt->pb, st->e->name);
-		pkt_end(&rt->pb);
+		pkt_close(&rt->pb, 'S', st->e->name);
 		pkt_send(&rt->pb, bufferevent_get_output(s->bev));
 		sstmt_del(s, st);
 	}

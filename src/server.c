@@ -517,11 +517,11 @@ void server_send_hidden(struct server *s, const char *sql)
  * extended-protocol batch (a Query would end it, and after an error in it
  * PostgreSQL would skip the Query, whose ReadyForQuery then never comes) or
  * before a Bind of the unnamed statement (a Query drops that statement). It
- * runs as the pooler's own named statement and portal: Close (of the
- * statement, left over if an error stopped the last run), Parse, Bind,
- * Execute, Close of the portal, Close of the statement, every reply hidden. An error
- * reaches the client like one of its own batch's (PostgreSQL then skips the
- * batch up to its Sync). The statement ends with the client's transaction.
+ * runs as the pooler's own named statement and portal: Close of the
+ * statement, Parse, Bind, Execute, Close of the portal, Close of the
+ * statement, every reply hidden. An error reaches the client like one of its
+ * own batch's (PostgreSQL then skips the batch up to its Sync). What it sets
+ * lives or dies with the client's transaction.
  */
 #define HIDDEN_EXT_NAME "lokadb_hidden_ext"
 
@@ -533,10 +533,7 @@ void server_send_hidden_ext(struct server *s, const char *sql)
 	for (const char *t = order; *t; t++)
 		if (!server_expect(s, *t, RQ_HIDE))
 			return;
-	pkt_begin(pb, 'C');
-	pkt_put_byte(pb, 'S');
-	pkt_put_string(pb, HIDDEN_EXT_NAME);
-	pkt_end(pb);
+	pkt_close(pb, 'S', HIDDEN_EXT_NAME);	/* left over if an error stopped the last run */
 	pkt_begin(pb, 'P');
 	pkt_put_string(pb, HIDDEN_EXT_NAME);
 	pkt_put_string(pb, sql);
@@ -553,14 +550,8 @@ void server_send_hidden_ext(struct server *s, const char *sql)
 	pkt_put_string(pb, HIDDEN_EXT_NAME);
 	pkt_put_int32(pb, 0);
 	pkt_end(pb);
-	pkt_begin(pb, 'C');			/* a named portal lives until the transaction ends */
-	pkt_put_byte(pb, 'P');
-	pkt_put_string(pb, HIDDEN_EXT_NAME);
-	pkt_end(pb);
-	pkt_begin(pb, 'C');
-	pkt_put_byte(pb, 'S');
-	pkt_put_string(pb, HIDDEN_EXT_NAME);
-	pkt_end(pb);
+	pkt_close(pb, 'P', HIDDEN_EXT_NAME);	/* a named portal lives until the transaction ends */
+	pkt_close(pb, 'S', HIDDEN_EXT_NAME);
 	pkt_send(pb, bufferevent_get_output(s->bev));
 	s->ext_open = true;
 }
