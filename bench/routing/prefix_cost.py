@@ -9,7 +9,13 @@ reads the backend's CPU time from /proc (so PostgreSQL must run on this
 machine). Prints, per case, the least and the median backend CPU microseconds
 per statement over the runs.
 
-usage: prefix_cost.py [--host H] [--port P] [--user U] [--db D] [-n N] [--runs R] [STATEMENT]
+With --protocol extended the statement goes as Parse (unnamed), Bind,
+Execute, Sync, as `pgbench -M extended` sends it, and the organization as
+lokadb sends it inside a batch: its own Parse, Bind and Execute of a SET,
+or a Bind and Execute of a `set_config` it prepared once.
+
+usage: prefix_cost.py [--host H] [--port P] [--user U] [--db D] [-n N] [--runs R]
+                      [--protocol simple|extended] [STATEMENT]
 """
 import argparse
 import os
@@ -24,6 +30,32 @@ def msg(t, b):
 
 def query(s):
     return msg(b"Q", s.encode() + b"\0")
+
+
+def cstr(v):
+    return v.encode() + b"\0"
+
+
+def parse(name, sql):
+    return msg(b"P", cstr(name) + cstr(sql) + b"\0\0")
+
+
+def bind(portal, stmt, params=()):
+    b = cstr(portal) + cstr(stmt) + b"\0\0" + struct.pack("!H", len(params))
+    for v in params:
+        b += struct.pack("!I", len(v)) + v.encode()
+    return msg(b"B", b + b"\0\0")
+
+
+def execute(portal):
+    return msg(b"E", cstr(portal) + b"\0\0\0\0")
+
+
+def close(kind, name):
+    return msg(b"C", kind + cstr(name))
+
+
+SYNC = msg(b"S", b"")
 
 
 def connect(a):
@@ -82,24 +114,19 @@ def main():
     ap.add_argument("-n", type=int, default=20000, help="statements per run")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("statement", nargs="?", default="SELECT relname FROM pg_class WHERE oid = 1259")
+    ap.add_argument("--protocol", choices=("simple", "extended"), default="simple")
     a = ap.parse_args()
     st = a.statement
-    org = "SELECT set_config('lokadb.org', '42', false)"
-    both = org + ", set_config('plan_cache_mode', 'force_custom_plan', false)"
-    cases = {
-        "the statement alone": (query(st), 1),
-        "SELECT set_config(org) as a Query of its own, then the statement": (query(org) + query(st), 2),
-        "SELECT set_config(org), set_config(plan_cache_mode), then the statement": (query(both) + query(st), 2),
-        "SET org as a Query of its own, then the statement": (query("SET lokadb.org = '42'") + query(st), 2),
-        "SELECT set_config(org); statement (one Query)": (query(org + "; " + st), 1),
-        "SET org; statement (one Query)": (query("SET lokadb.org = '42'; " + st), 1),
-        "SET org; SET plan_cache_mode; statement (one Query)":
-            (query("SET lokadb.org = '42'; SET plan_cache_mode = 'force_custom_plan'; " + st), 1),
-    }
+    if a.protocol == "extended":
+        cases = extended_cases(st)
+    else:
+        cases = simple_cases(st)
     res = {}
     for _ in range(a.runs):
-        for name, (payload, nrfq) in cases.items():
+        for name, (setup, payload, nrfq) in cases.items():
             s, pid = connect(a)
+            if setup:
+                run(s, setup[0], setup[1], 1)
             run(s, payload, nrfq, 500)
             c0 = cpu(pid)
             run(s, payload, nrfq, a.n)
@@ -109,6 +136,41 @@ def main():
     for name, v in res.items():
         v.sort()
         print(f"  {v[0]:6.1f} / {v[len(v) // 2]:6.1f}  {name}")
+
+
+def extended_cases(st):
+    """Each iteration: (setup sent once, payload, ReadyForQuerys it gets)."""
+    h = "lokadb_hidden_ext"
+    alone = parse("", st) + bind("", "") + execute("") + SYNC
+    set_sql = "SET lokadb.org = '42'"
+    hidden = (close(b"S", h) + parse(h, set_sql) + bind(h, h) + execute(h)
+              + close(b"P", h) + close(b"S", h))
+    prep = parse("lokadb_set_config", "SELECT set_config($1, $2, false)") + SYNC
+    prepared = bind(h, "lokadb_set_config", ("lokadb.org", "42")) + execute(h) + close(b"P", h)
+    return {
+        "the statement alone": (None, alone, 1),
+        "Parse, Bind, Execute of the SET (lokadb 1.8), then the statement": (None, hidden + alone, 1),
+        "Bind, Execute of a prepared set_config, then the statement": ((prep, 1), prepared + alone, 1),
+        "the same, a generic plan forced":
+            ((query("SET plan_cache_mode = force_generic_plan") + prep, 2), prepared + alone, 1),
+        "the same, custom plans forced":
+            ((query("SET plan_cache_mode = force_custom_plan") + prep, 2), prepared + alone, 1),
+    }
+
+
+def simple_cases(st):
+    org = "SELECT set_config('lokadb.org', '42', false)"
+    both = org + ", set_config('plan_cache_mode', 'force_custom_plan', false)"
+    return {
+        "the statement alone": (None, query(st), 1),
+        "SELECT set_config(org) as a Query of its own, then the statement": (None, query(org) + query(st), 2),
+        "SELECT set_config(org), set_config(plan_cache_mode), then the statement": (None, query(both) + query(st), 2),
+        "SET org as a Query of its own, then the statement": (None, query("SET lokadb.org = '42'") + query(st), 2),
+        "SELECT set_config(org); statement (one Query)": (None, query(org + "; " + st), 1),
+        "SET org; statement (one Query)": (None, query("SET lokadb.org = '42'; " + st), 1),
+        "SET org; SET plan_cache_mode; statement (one Query)":
+            (None, query("SET lokadb.org = '42'; SET plan_cache_mode = 'force_custom_plan'; " + st), 1),
+    }
 
 
 if __name__ == "__main__":
