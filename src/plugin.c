@@ -1797,7 +1797,7 @@ static void put_literal(char *buf, size_t *o, const char *text, size_t len)
 
 static int api_query_vars_inline(lk_event *ev)
 {
-	if (ev->hook != LK_HOOK_QUERY || ev->qtype != 'Q')
+	if (ev->hook != LK_HOOK_QUERY || (ev->qtype != 'Q' && ev->qtype != 'P' && ev->qtype != 'B'))
 		return -1;
 	ev->vars_inline = true;
 	return 0;
@@ -1865,7 +1865,10 @@ static void tv_superseded(struct tvars *t, const char *name, size_t nlen)
  * plugin allowed it (query_vars_inline), in front of the message itself
  * (ev->inl, see plugin_query_build); where no simple Query may go (inside
  * the client's extended-protocol batch, before a Bind of the unnamed
- * statement), in hidden extended-protocol messages (server_send_hidden_ext):
+ * statement) and, for a Parse or Bind whose plugin allowed it
+ * (query_vars_inline), also at the start of a batch (cheaper for PostgreSQL
+ * than a Query of its own), in hidden extended-protocol messages
+ * (server_send_hidden_ext):
  * one `SET` each (a utility statement: PostgreSQL plans nothing, so it
  * costs less than `SELECT set_config`, doc/plugins.md), or one
  * `SELECT set_config(...)` when a name cannot go in a SET as written; and
@@ -1897,8 +1900,25 @@ void plugin_query_send_vars(struct client *c, struct lk_event *ev)
 	}
 	if (want && ev->qtype == 'Q' && ev->vars_inline) {
 		/* in front of the Query itself: fine also after an open batch (the Query ends it) */
+	} else if (want && ev->qtype != 'Q' && ev->vars_inline && !ev->n_prefix) {
+		/* a Parse or Bind whose statement may share its transaction
+		 * (query_vars_inline, ABI 1.9): extended messages, also where a
+		 * Query could go (the start of a batch), as they cost PostgreSQL
+		 * less than a Query of its own (no transaction and no ReadyForQuery
+		 * of their own, doc/benchmarks.md). Not before a prefix: after an
+		 * error in them PostgreSQL would skip its Query. */
+		ext = true;
 	} else if (want && (s->ext_open || plugin_query_binds_unnamed(ev))) {
-		ext = true;	/* a simple Query would end the batch: extended messages */
+		/* a simple Query would end the batch (or drop the unnamed statement) */
+		if (ev->qtype == 'P' || ev->qtype == 'B') {
+			/* and extended messages may make PostgreSQL refuse the statement
+			 * (VACUUM, CREATE DATABASE ... "cannot be executed within a
+			 * pipeline" behind another Execute): nothing goes */
+			want = 0;
+			outcome = LK_VARS_SKIPPED;
+		} else {
+			ext = true;
+		}
 	}
 	if (want) {
 		char sql[TV_MAX * TV_SQL_ONE + 16];

@@ -459,6 +459,7 @@ struct rq_item *server_expect(struct server *s, char type, int act)
 	if (s->ext_armed && (type == 'S' || type == 'Q' || type == 'F')) {
 		/* its ReadyForQuery says whether the values sent inside the batch stuck */
 		it->vars_ext = true;
+		s->ext_live++;
 		it->ext_seq = s->ext_seq;
 		s->ext_armed = false;
 	}

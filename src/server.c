@@ -695,6 +695,8 @@ static void handle_rfq(struct server *s, struct evbuffer *in, const uint8_t *hdr
 			vars_err = it->vars_err;
 			ext = it->vars_ext;
 			ext_seq = it->ext_seq;
+			if (ext && s->ext_live)
+				s->ext_live--;
 			s->fwd_hidden = !client_rfq;
 			rq_pop(&s->rq);
 			break;
@@ -710,6 +712,8 @@ static void handle_rfq(struct server *s, struct evbuffer *in, const uint8_t *hdr
 	if (ext)
 		plugin_tvars_ext_rfq(s, ext_seq, status == 'I' && !s->ext_err);
 	s->ext_err = false;
+	if (!s->rq.count)
+		s->ext_live = 0;
 	s->txn_status = status;
 	batch_take(s, in, 6);
 	batch_flush(s, in);
@@ -887,6 +891,23 @@ static bool copy_at(struct evbuffer *in, size_t off, uint8_t *out, size_t n)
 	return evbuffer_ptr_set(in, &at, off, EVBUFFER_PTR_SET) == 0 && evbuffer_copyout_from(in, &at, out, n) == (ev_ssize_t)n;
 }
 
+/*
+ * A CommandComplete of 13 bytes while values sent inside a batch wait for
+ * their ReadyForQuery: a ROLLBACK (also of a failed COMMIT, or to a
+ * savepoint) may have undone them, though that ReadyForQuery says idle.
+ * false: the message is not all in yet.
+ */
+static bool ext_rollback(struct server *s, struct evbuffer *in)
+{
+	uint8_t m[5 + sizeof("ROLLBACK")];
+
+	if (!copy_at(in, s->batch, m, sizeof(m)))
+		return false;
+	if (memcmp(m + 5, "ROLLBACK", sizeof("ROLLBACK")) == 0)
+		s->ext_err = true;	/* not taken as known */
+	return true;
+}
+
 static bool server_message(struct server *s, struct evbuffer *in)
 {
 	uint8_t hdr[6];
@@ -912,6 +933,8 @@ static bool server_message(struct server *s, struct evbuffer *in)
 		head->hide_cc--;	/* a SET put in front of the client's Query */
 		s->fwd_hidden = true;
 	}
+	if (type == 'C' && (s->ext_live || s->ext_armed) && len == 4 + sizeof("ROLLBACK") && !ext_rollback(s, in))
+		return false;
 	switch (type) {
 	case 'Z':
 		if (len != 5) {
@@ -947,6 +970,8 @@ static bool server_message(struct server *s, struct evbuffer *in)
 			if (sync->vars_ext) {	/* the Sync after the COPY answers for them */
 				s->ext_armed = true;
 				s->ext_seq = sync->ext_seq;
+				if (s->ext_live)
+					s->ext_live--;	/* counted again when marked */
 			}
 			rq_remove(&s->rq, 1);
 		}

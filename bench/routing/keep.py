@@ -23,7 +23,10 @@ what org_routing sends PostgreSQL when the server connection holds another
 organization, without org_routing); it warms it with the measured workload
 and client count, measures `pgbench -M simple -c C -j 2` (`-j 1` for one
 client; `--protocol extended`: `-M extended`, each statement the unnamed
-statement with its organization a parameter, mode `set` not available),
+statement with its organization a parameter; `--protocol prepared`: `-M
+prepared`, a named statement prepared once per connection and then only
+bound, lokadb's `max_prepared_statements` at its default; mode `set` only
+with `simple`),
 and stops it. A round runs each mode on 1 then N organizations;
 the order of the modes rotates from one round to the next. The report
 gives every run with the CPU of lokadb and of PostgreSQL per transaction
@@ -37,7 +40,7 @@ usage: keep.py [--orgs 1000] [--layout isolated|default] [--clients 32]
                [--workloads read,update,insert] [--modes on,off,set]
                [--rounds 5] [--seconds 8] [--warm 8] [--affinity 8]
                [--lokadb ./lokadb] [--plugin-dir ./plugins]
-               [--protocol simple|extended]
+               [--protocol simple|extended|prepared]
 (`--off` is `--modes off`.)
 """
 import argparse
@@ -160,9 +163,9 @@ def main():
     ap.add_argument("--affinity", type=int, default=8)
     ap.add_argument("--lokadb", default=str(REPO / "lokadb"))
     ap.add_argument("--plugin-dir", default=str(REPO / "plugins"))
-    ap.add_argument("--protocol", choices=["simple", "extended"], default="simple",
+    ap.add_argument("--protocol", choices=["simple", "extended", "prepared"], default="simple",
                     help="pgbench -M: extended sends each statement as the unnamed statement, its "
-                         "organization a parameter")
+                         "organization a parameter; prepared binds a named statement")
     a = ap.parse_args()
     modes = ["off"] if a.off else a.modes.split(",")
     if not modes or len(set(modes)) != len(modes) or not set(modes) <= {"on", "off", "set"}:

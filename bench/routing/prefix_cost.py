@@ -149,6 +149,7 @@ def extended_cases(st):
     prepared = bind(h, "lokadb_set_config", ("lokadb.org", "42")) + execute(h) + close(b"P", h)
     return {
         "the statement alone": (None, alone, 1),
+        "the SET as a Query of its own, then the statement": (None, query(set_sql) + alone, 2),
         "Parse, Bind, Execute of the SET (lokadb 1.8), then the statement": (None, hidden + alone, 1),
         "Bind, Execute of a prepared set_config, then the statement": ((prep, 1), prepared + alone, 1),
         "the same, a generic plan forced":

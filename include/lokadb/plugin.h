@@ -40,7 +40,7 @@ extern "C" {
 
 #define LK_PLUGIN_MAGIC 0x4c4b504cu	/* "LKPL" */
 #define LK_ABI_MAJOR 1
-#define LK_ABI_MINOR 8
+#define LK_ABI_MINOR 9
 #define LK_PLUGIN_SYMBOL "lokadb_plugin"
 
 /* Opaque handles. */
@@ -418,9 +418,14 @@ struct lk_api {
 	 * messages of its own (statement and portal "lokadb_hidden_ext":
 	 * Close, Parse, Bind, Execute, Close, Close; one `SET` each, or the
 	 * SELECT) right before the message, LK_VARS_SENT; they are known once
-	 * the client's batch gets a ReadyForQuery I with no error since. An
+	 * the client's batch gets a ReadyForQuery I with no error (and no
+	 * ROLLBACK, which may undo them) since. An
 	 * older core sent nothing there and the message ran as is
 	 * (LK_VARS_SKIPPED). query_prefix refuses such a message instead.
+	 * ABI 1.9: for a Parse or Bind, only when a plugin called
+	 * query_vars_inline for it (else LK_VARS_SKIPPED there: VACUUM and
+	 * the like fail behind another Execute of a batch), and then also
+	 * before one that starts a batch.
 	 * value NULL: this message itself changes `name` (SET, RESET, DISCARD
 	 * ALL ...): the server's value is forgotten. At most 8 names per event;
 	 * name at most 63 bytes, value at most 255, neither with a backslash or
@@ -446,8 +451,9 @@ struct lk_api {
 	void (*resolve_cancel)(lk_plugin *self, void *arg);
 
 	/* ---- ABI 1.7 ---- */
-	/* Q only: the message is one statement that may run in an implicit
-	 * transaction block (a SELECT, INSERT, UPDATE or DELETE; not VACUUM,
+	/* Q (P and B: ABI 1.9, see below): the message is one statement
+	 * that may run in an implicit transaction block (a SELECT, INSERT,
+	 * UPDATE or DELETE; not VACUUM,
 	 * CREATE DATABASE, COMMIT ...). The query_set_var values its server
 	 * lacks then go in the same Query, in front of the statement
 	 * (`SET name = 'value'; ` ... then the client's text): one statement
@@ -464,6 +470,17 @@ struct lk_api {
 	/* ---- ABI 1.8: no new field. query_set_var values also go where no
 	 * simple Query may (hidden extended-protocol messages, see
 	 * query_set_var): test api->abi_minor >= 8. ---- */
+
+	/* ---- ABI 1.9: no new field. query_vars_inline also takes a Parse or
+	 * Bind (before 1.9 it returned -1 for them): the statement may share
+	 * its transaction with the values and run behind other messages of a
+	 * batch. The core then sends them as hidden extended-protocol messages
+	 * in front of it wherever it is (see query_set_var), also at the start
+	 * of a batch instead of a hidden Query of their own, which costs
+	 * PostgreSQL a transaction and a ReadyForQuery more. If the statement
+	 * fails they are rolled back with it (not taken as known). Not when
+	 * the event also has a query_prefix. Without the call, a Parse or Bind
+	 * inside a batch gets no values (LK_VARS_SKIPPED). ---- */
 };
 
 #ifdef __cplusplus

@@ -1259,18 +1259,24 @@ static bool may_hold(lk_client *c, const struct orc *x)
 }
 
 /*
- * May the session values go in front of this Query, in the same message
- * (query_vars_inline)? One SELECT, INSERT, UPDATE or DELETE without session
- * effects: it runs the same in the implicit transaction block the SETs and
- * it then share (a statement that refuses blocks, a COMMIT, a second
- * statement of the client's, is not one of them).
+ * May the session values go in front of this statement, in its transaction
+ * (query_vars_inline)? One statement without session effects that runs the
+ * same in the implicit transaction block it then shares with the SETs: a
+ * SELECT, INSERT, UPDATE or DELETE; for a Parse or Bind also a COPY (the
+ * core's extended messages go in front of it, ABI 1.9; an older core
+ * refuses those). Not a statement that refuses blocks or a pipeline
+ * (VACUUM, CREATE DATABASE), a COMMIT, a second statement of the client's:
+ * those get the values in a Query of their own, or, inside a batch, not at
+ * all.
  */
-static bool inline_ok(const struct or_analysis *a)
+static bool want_inline(lk_event *ev, const struct or_analysis *a)
 {
 	const struct or_stmt *st = &a->stmts[0];
+	int last = api->query_type(ev) == 'Q' ? OR_K_DELETE : OR_K_COPY_FROM;
 
 	return a->nstmts == 1 && !a->effects && !a->ends_txn && !a->parse_error && st->effect == OR_FX_NONE &&
-	       st->kind >= OR_K_SELECT && st->kind <= OR_K_DELETE;
+	       st->kind >= OR_K_SELECT && st->kind <= last && LK_API_HAS(api, query_vars_inline) &&
+	       api->query_vars_inline(ev) == 0;
 }
 
 /* A message on LokaDB tables, or with session effects. */
@@ -1314,6 +1320,7 @@ static int route_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 					 api->query_statement(ev), d.org[0] ? d.org : "(none)", OR_REPARSE_MAX);
 		}
 		/* decided at the Parse: a later Bind (a new transaction) may need the prefix again */
+		x->inline_req = want_inline(ev, a);
 		ensure_org(g, ev, c, x, &d);
 		if (d.params || d.reparsed || strcmp(d.prefix, "known") != 0)
 			route_log(g, ev, &d, d.params ? "param" : source_names[d.src]);
@@ -1321,9 +1328,11 @@ static int route_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 		g->n[N_ROUTED]++;
 		g->n[d.src == SRC_STATEMENT ? N_ORG_STATEMENT : d.src == SRC_SESSION ? N_ORG_SESSION : N_ORG_NONE]++;
 		maybe_rewrite(g, ev, x, a, &d);
-		x->inline_req = type == 'Q' && inline_ok(a) && LK_API_HAS(api, query_vars_inline) &&
-				api->query_vars_inline(ev) == 0;	/* the SETs go in front of it, one Query */
-		if (!d.after_set)
+		x->inline_req = want_inline(ev, a);
+		/* a Parse needs no organization (PostgreSQL plans and runs at the
+		 * Bind, which ensures it): a core that sends values inside batches
+		 * gets them there, once */
+		if (!d.after_set && !(type == 'P' && core_sends_anywhere()))
 			ensure_org(g, ev, c, x, &d);
 		route_log(g, ev, &d, source_names[d.src]);
 	} else if (a->stmts[0].effect == OR_FX_BEGIN) {

@@ -1625,3 +1625,56 @@ def test_a_failed_statement_with_values_in_front_leaves_no_belief_in_session_poo
     assert org_of(w, _org_query(1)) == "1"
     assert org_of(w, _org_query(1)) == "1"
     assert w.query(f"SELECT {SETTING}").rows == [["1"]]
+
+
+def test_named_prepared_statements_get_each_statements_organization(router, app):
+    """psycopg's prepared statements (a Bind of a named statement that starts
+    its batch, as after prepare_threshold): the organization goes as the
+    core's extended messages in front of the Bind, in its transaction, so a
+    failing statement leaves no organization behind that the pooler would
+    take as set."""
+    b = router(settings={"pool_mode": "transaction", "default_pool_size": "2"})
+    counts = {o: direct(b.pg, "SELECT count(*) FROM documents WHERE organization_id = %s", [o])[0][0]
+              for o in (1, 3)}
+    q = f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = %s"
+    bad = "SELECT 1 / (count(*) - count(*)) FROM documents WHERE organization_id = %s"
+    conns = [b.connect("app", USER, prepare_threshold=0) for _ in range(3)]
+    log0 = app.log_size()
+    try:
+        for rnd in range(3):
+            for i, c in enumerate(conns):
+                for o in ([1, 3, 3, 1] if (rnd + i) % 2 else [3, 1, 1, 3]):
+                    assert tuple(c.execute(q, [o], prepare=True).fetchone()) == (str(o), counts[o])
+                with pytest.raises(errors.DivisionByZero):
+                    c.execute(bad, [1 if i % 2 else 3], prepare=True)
+    finally:
+        for c in conns:
+            c.close()
+    st = stats(b)
+    assert st["prefixes_skipped"] == 0 and st["prefixes"] > 0
+    sets = re.findall(r"(statement|execute [^:]*): SET lokadb\.org", app.log_since(log0))
+    assert sets and set(sets) == {"execute lokadb_hidden_ext/lokadb_hidden_ext"}, sets
+
+
+def test_statements_that_refuse_a_pipeline_run_with_the_extended_protocol(router):
+    """VACUUM, ANALYZE and the like sent with the extended protocol (psycopg in
+    autocommit) with a session organization: PostgreSQL refuses VACUUM behind
+    another Execute of the same batch, so the organization must not go
+    inside the batch in front of it."""
+    b = router(settings={"pool_mode": "transaction"})
+    c = b.connect("app", USER, autocommit=True, options="-c lokadb.org=1")
+    try:
+        for sql in ("VACUUM documents", "ANALYZE documents", "VACUUM (ANALYZE) documents, versions"):
+            c.execute(sql)
+        w = b.login("app", USER, params={"options": "-c lokadb.org=3"})
+        one = Wire.bind_msg() + Wire.execute_msg()
+        w.send(Wire.parse_msg("VACUUM documents") + one + Wire.sync_msg())
+        res = w.read_until_ready()
+        assert res.error is None and res.tags == ["VACUUM"]
+        w.send(Wire.parse_msg("VACUUM documents", name="v") + Wire.sync_msg())
+        assert w.read_until_ready().error is None
+        w.send(Wire.bind_msg(stmt="v") + Wire.execute_msg() + Wire.sync_msg())
+        res = w.read_until_ready()
+        assert res.error is None and res.tags == ["VACUUM"]
+    finally:
+        c.close()

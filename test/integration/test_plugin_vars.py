@@ -15,7 +15,7 @@ from lokadb_harness import HERE, Wire, message
 PLUGIN_DIR = os.environ.get("LOKADB_TEST_PLUGIN_DIR") or str(
     (HERE / "../../build/rel/test-plugins").resolve())
 
-SENT, KNOWN = 1, 0
+SENT, KNOWN, SKIPPED = 1, 0, -1
 
 
 @pytest.fixture
@@ -115,12 +115,13 @@ def test_a_failed_inline_statement_leaves_the_value_unknown(b):
 
 def test_values_inside_an_extended_protocol_batch(b):
     """Where no simple Query may go (in the middle of a batch, before a Bind
-    of the unnamed statement) the values go as hidden extended-protocol
-    messages (ABI 1.8): the client sees only its own replies, an error
+    of the unnamed statement) the values of a statement whose plugin called
+    query_vars_inline (ABI 1.9; every statement with ABI 1.8) go as hidden
+    extended-protocol messages: the client sees only its own replies, an error
     reaches it as its batch's, and the core takes the values as known once
     the batch's transaction ended (ReadyForQuery I) without an error."""
     w = b.login()
-    items = "/*vars t.a=it's|t.Mixed=@q2 */ "
+    items = "/*vars inline|t.a=it's|t.Mixed=@q2 */ "
     sql = items + "SELECT current_setting('t.a', true), current_setting('t.mixed', true)"
     one = Wire.bind_msg() + Wire.execute_msg()
     # the second statement of a batch: t.Mixed needs the set_config form
@@ -144,14 +145,14 @@ def test_values_inside_an_extended_protocol_batch(b):
     assert res.error is None and res.rows == [["x"]] and [m[0] for m in res.messages] == [b"2", b"D", b"C", b"Z"]
     assert last_vars(b)[:2] == (KNOWN, 0)
     # names a SET takes as written: one SET per group of hidden messages
-    sql2 = "/*vars t.a=o''k|t.b=@q3 */ SELECT current_setting('t.a', true), current_setting('t.b', true)"
+    sql2 = "/*vars inline|t.a=o''k|t.b=@q3 */ SELECT current_setting('t.a', true), current_setting('t.b', true)"
     w.send(Wire.parse_msg("SELECT 1") + one + Wire.parse_msg(sql2) + one + Wire.sync_msg())
     res = w.read_until_ready()
     assert res.error is None and res.rows == [["1"], ["o''k", "'''"]]
     assert [m[0] for m in res.messages] == [b"1", b"2", b"D", b"C"] * 2 + [b"Z"]
     assert last_vars(b)[:2] == (SENT, 0b11)
     # a statement that fails behind the hidden messages: its error, nothing else
-    items3 = "/*vars t.a=gone|t.b=@q3 */ "
+    items3 = "/*vars inline|t.a=gone|t.b=@q3 */ "
     w.send(Wire.parse_msg("SELECT 1") + one + Wire.parse_msg(items3 + "SELECT 1 / (count(*) - count(*)) FROM pg_class")
            + one + Wire.sync_msg())
     res = w.read_until_ready()
@@ -173,7 +174,7 @@ def test_values_before_a_copy_started_inside_a_batch(b):
     w = b.login()
     w.query("CREATE TEMP TABLE t_copy (x int)")
     one = Wire.bind_msg() + Wire.execute_msg()
-    w.send(Wire.parse_msg("SELECT 1") + one + Wire.parse_msg("/*vars t.a=copy */ COPY t_copy FROM STDIN") + one +
+    w.send(Wire.parse_msg("SELECT 1") + one + Wire.parse_msg("/*vars inline|t.a=copy */ COPY t_copy FROM STDIN") + one +
            Wire.sync_msg())
     types = []
     while (not types or types[-1] != b"G") and len(types) < 10:
@@ -202,7 +203,7 @@ def test_a_reported_setting_sent_inside_a_batch_is_reported_as_in_front_of_a_que
     w = b.login()
     one = Wire.bind_msg() + Wire.execute_msg()
     w.send(Wire.parse_msg("SELECT 1") + one +
-           Wire.parse_msg("/*vars application_name=from_batch */ SELECT current_setting('application_name')") + one +
+           Wire.parse_msg("/*vars inline|application_name=from_batch */ SELECT current_setting('application_name')") + one +
            Wire.sync_msg())
     res = w.read_until_ready()
     assert res.error is None and res.rows == [["1"], ["from_batch"]]
@@ -212,3 +213,84 @@ def test_a_reported_setting_sent_inside_a_batch_is_reported_as_in_front_of_a_que
     assert res.rows == [["from_inline"]] and [m[0] for m in res.messages] == [b"T", b"D", b"C", b"S", b"Z"]
     res = w.query("/*vars application_name=from_hidden */ SELECT current_setting('application_name')")
     assert res.rows == [["from_hidden"]] and [m[0] for m in res.messages] == [b"T", b"D", b"C", b"Z"]
+
+
+def test_values_in_front_of_a_batch_go_inside_it_and_follow_its_transaction(b):
+    """Before the first message of a batch (a Parse, or a Bind of a named
+    statement) whose plugin called query_vars_inline (ABI 1.9), the values go
+    as hidden extended-protocol messages in front of it, which cost
+    PostgreSQL less than a Query of their own: the client sees only its
+    replies, and the values follow the batch's implicit transaction (rolled
+    back when its statement fails). Without query_vars_inline (a statement
+    such as VACUUM, which PostgreSQL refuses behind other messages of a
+    batch) they go as a hidden Query of their own, which stays set."""
+    w = b.login()
+    one = Wire.bind_msg() + Wire.execute_msg()
+    w.send(Wire.parse_msg("/*vars inline|t.a=first */ SELECT current_setting('t.a', true)") + one +
+           Wire.sync_msg())
+    res = w.read_until_ready()
+    assert res.error is None and res.rows == [["first"]]
+    assert [m[0] for m in res.messages] == [b"1", b"2", b"D", b"C", b"Z"]
+    assert last_vars(b)[:2] == (SENT, 1)
+    # a failing statement behind them: its error alone, and the value rolled back
+    w.send(Wire.parse_msg("/*vars inline|t.a=rolled_back */ SELECT 1 / (count(*) - count(*)) FROM pg_class") +
+           one + Wire.sync_msg())
+    res = w.read_until_ready()
+    assert res.error is not None and res.error.sqlstate == "22012"
+    assert [m[0] for m in res.messages] == [b"1", b"2", b"E", b"Z"]
+    assert last_vars(b)[:2] == (SENT, 1)
+    assert w.query("SELECT current_setting('t.a', true)").rows == [["first"]]
+    # a Bind of a named statement first in its batch: the same
+    w.send(Wire.parse_msg("/*vars inline|t.a=bound */ SELECT current_setting('t.a', true)", name="s2") +
+           Wire.sync_msg())
+    assert w.read_until_ready().error is None
+    assert w.query("/*vars t.a */ SELECT set_config('t.a', 'other', false)").rows == [["other"]]
+    w.send(Wire.bind_msg(stmt="s2") + Wire.execute_msg() + Wire.sync_msg())
+    res = w.read_until_ready()
+    assert res.error is None and res.rows == [["bound"]]
+    assert [m[0] for m in res.messages] == [b"2", b"D", b"C", b"Z"]
+    assert last_vars(b)[:2] == (SENT, 1)
+    w.send(Wire.bind_msg(stmt="s2") + Wire.execute_msg() + Wire.sync_msg())
+    assert w.read_until_ready().rows == [["bound"]]
+    assert last_vars(b)[:2] == (KNOWN, 0)
+    # without query_vars_inline: a hidden Query of its own, set whatever the statement does
+    w.send(Wire.parse_msg("/*vars t.a=own_query */ SELECT 1 / (count(*) - count(*)) FROM pg_class") + one +
+           Wire.sync_msg())
+    res = w.read_until_ready()
+    assert res.error is not None and res.error.sqlstate == "22012"
+    assert [m[0] for m in res.messages] == [b"1", b"2", b"E", b"Z"]
+    assert w.query("SELECT current_setting('t.a', true)").rows == [["own_query"]]
+    # VACUUM: before its Parse a Query of its own; before its Bind, inside the
+    # batch, nothing (PostgreSQL would refuse it behind the values' Execute)
+    w.send(Wire.parse_msg("/*vars t.a=vacuum */ VACUUM pg_class") + one + Wire.sync_msg())
+    res = w.read_until_ready()
+    assert res.error is None and res.tags == ["VACUUM"]
+    assert last_vars(b)[:2] == (SKIPPED, 0)
+    assert w.query("SELECT current_setting('t.a', true)").rows == [["vacuum"]]
+    w.send(Wire.parse_msg("/*vars t.a=vacuum2 */ VACUUM pg_class", name="v") + Wire.sync_msg())
+    assert w.read_until_ready().error is None
+    w.send(Wire.bind_msg(stmt="v") + Wire.execute_msg() + Wire.sync_msg())
+    res = w.read_until_ready()
+    assert res.error is None and res.tags == ["VACUUM"]
+
+
+def test_values_a_rollback_in_their_batch_undid_are_not_taken_as_known(b):
+    """Values sent inside a batch are known once the batch's ReadyForQuery says
+    idle without an error, unless a ROLLBACK in that batch (also to a
+    savepoint, then COMMIT) undid them."""
+    w = b.login()
+    one = Wire.bind_msg() + Wire.execute_msg()
+    assert settings(w, ["t.a=before"], ["t.a"]) == ("before",)
+    for ends in (["ROLLBACK"], ["ROLLBACK TO SAVEPOINT s", "COMMIT"]):
+        w.query("BEGIN")
+        w.query("SAVEPOINT s")
+        w.send(Wire.parse_msg("/*vars inline|t.a=undone */ SELECT current_setting('t.a', true)") + one +
+               b"".join(Wire.parse_msg(e) + one for e in ends) + Wire.sync_msg())
+        res = w.read_until_ready()
+        assert res.error is None and res.rows == [["undone"]]
+        assert res.tags[-1] == ("ROLLBACK" if len(ends) == 1 else "COMMIT")
+        assert w.query("SELECT current_setting('t.a', true)").rows == [["before"]]
+        # not known: it goes again, and the statement sees it
+        assert settings(w, ["t.a=undone"], ["t.a"]) == ("undone",)
+        assert last_vars(b)[:2] == (SENT, 1)
+        assert settings(w, ["t.a=before"], ["t.a"]) == ("before",)
