@@ -10,9 +10,10 @@ machine). Prints, per case, the least and the median backend CPU microseconds
 per statement over the runs.
 
 With --protocol extended the statement goes as Parse (unnamed), Bind,
-Execute, Sync, as `pgbench -M extended` sends it, and the organization as
-lokadb sends it inside a batch: its own Parse, Bind and Execute of a SET,
-or a Bind and Execute of a `set_config` it prepared once.
+Execute, Sync, as `pgbench -M extended` sends it, and the organization as a
+hidden Query of its own in front, as lokadb sends it inside a batch (its own
+Parse, Bind and Execute of a SET), or as a Bind and Execute of a
+`set_config` prepared once.
 
 usage: prefix_cost.py [--host H] [--port P] [--user U] [--db D] [-n N] [--runs R]
                       [--protocol simple|extended] [STATEMENT]
@@ -149,8 +150,10 @@ def extended_cases(st):
     prepared = bind(h, "lokadb_set_config", ("lokadb.org", "42")) + execute(h) + close(b"P", h)
     return {
         "the statement alone": (None, alone, 1),
-        "the SET as a Query of its own, then the statement": (None, query(set_sql) + alone, 2),
-        "Parse, Bind, Execute of the SET (lokadb 1.8), then the statement": (None, hidden + alone, 1),
+        "the SET as a Query of its own (lokadb 1.8 at the start of a batch), then the statement":
+            (None, query(set_sql) + alone, 2),
+        "Parse, Bind, Execute of the SET (lokadb inside a batch; 1.9 also at its start), then the statement":
+            (None, hidden + alone, 1),
         "Bind, Execute of a prepared set_config, then the statement": ((prep, 1), prepared + alone, 1),
         "the same, a generic plan forced":
             ((query("SET plan_cache_mode = force_generic_plan") + prep, 2), prepared + alone, 1),

@@ -103,6 +103,12 @@ struct meta_cache_api {
 	 * Returns 0 when fn will be called, 1 when the cloud database is
 	 * unavailable now (fn is not called; stale() is 1), -1 when out of memory. */
 	int (*refresh)(mc_change_fn fn, void *arg);
+
+	/* ---- appended later: test svc->size before use ---- */
+	/* Partitions of isolated organizations in the catalog (rows of
+	 * lokadb.partitions: one per organization and LokaDB table); 0 before
+	 * a catalog is loaded. */
+	int (*n_partitions)(void);
 };
 
 #endif

@@ -1066,6 +1066,11 @@ static int svc_n_tables(void)
 	return svc_ready() ? (int)mc_state->cat->n_tables : 0;
 }
 
+static int svc_n_partitions(void)
+{
+	return svc_ready() ? (int)mc_state->cat->n_parts : 0;
+}
+
 static int svc_on_change(mc_change_fn fn, void *arg)
 {
 	struct mc_sub *subs;
@@ -1164,6 +1169,7 @@ static const struct meta_cache_api mc_service = {
 	.wait = svc_wait,
 	.wait_cancel = svc_wait_cancel,
 	.refresh = svc_refresh,
+	.n_partitions = svc_n_partitions,
 };
 
 /* ========================================================== console == */

@@ -122,7 +122,7 @@ struct orr {
 	struct or_cache *cache;
 	size_t cache_size;
 	bool route_log, rewrite;
-	bool force_custom;		/* plan_cache_mode = force_custom_plan on the servers */
+	int force_plan;			/* force_custom_plan: FP_OFF, FP_ON, FP_AUTO */
 	int org_affinity;		/* organizations per server connection (0: no affinity) */
 	uint64_t pause_timeout;		/* usec a statement of a paused organization waits at most */
 	char *databases;
@@ -239,6 +239,21 @@ static bool parse_bool(const char *v, bool *out)
 	return false;
 }
 
+enum { FP_OFF, FP_ON, FP_AUTO };
+
+/* force_custom_plan: on, off (parse_bool's words) or auto. */
+static bool parse_force_plan(const char *v, int *out)
+{
+	bool b;
+
+	if (v && strcasecmp(v, "auto") == 0)
+		return (*out = FP_AUTO);
+	if (!parse_bool(v, &b))
+		return false;
+	*out = b ? FP_ON : FP_OFF;
+	return true;
+}
+
 static bool parse_size(const char *v, size_t *out)
 {
 	char *end;
@@ -306,8 +321,8 @@ static int or_config_check(lk_plugin *self, lk_event *ev)
 		return api->config_error(ev, "rewrite", "must be on or off");
 	if (!parse_size(api->config_get(ev, "parse_cache_size"), &n))
 		return api->config_error(ev, "parse_cache_size", "must be a number of statements 16..1000000");
-	if (!parse_bool(api->config_get(ev, "force_custom_plan"), &b))
-		return api->config_error(ev, "force_custom_plan", "must be on or off");
+	if (!parse_force_plan(api->config_get(ev, "force_custom_plan"), &k))
+		return api->config_error(ev, "force_custom_plan", "must be on, off or auto");
 	if (!parse_affinity(api->config_get(ev, "org_affinity"), &k))
 		return api->config_error(ev, "org_affinity", "must be a number of organizations per server 0..32 (0: off)");
 	if (!parse_duration(api->config_get(ev, "pause_timeout"), &us))
@@ -329,7 +344,7 @@ static int or_config_apply(lk_plugin *self, lk_event *ev)
 	if (rw != g->rewrite)
 		g->gen++;	/* memoized rewrites were made under the other value */
 	parse_size(api->config_get(ev, "parse_cache_size"), &n);
-	parse_bool(api->config_get(ev, "force_custom_plan"), &g->force_custom);
+	parse_force_plan(api->config_get(ev, "force_custom_plan"), &g->force_plan);
 	parse_affinity(api->config_get(ev, "org_affinity"), &g->org_affinity);
 	parse_duration(api->config_get(ev, "pause_timeout"), &g->pause_timeout);
 	free(g->databases);
@@ -706,6 +721,24 @@ static uint64_t cat_key(const struct orr *g)
 	return (g->mc->version() << 20) ^ g->gen;
 }
 
+/*
+ * Is plan_cache_mode = force_custom_plan wanted on the servers? With `auto`,
+ * while some organization has partitions of its own: a prepared statement
+ * on a parent then risks PostgreSQL's generic plan over every partition
+ * (README, "Generic plans"). With every organization in DEFAULT a parent has
+ * its DEFAULT partition alone and the generic plan is the cheap one. A
+ * meta_cache without n_partitions: as `on`.
+ */
+static bool force_custom(const struct orr *g)
+{
+	if (g->force_plan != FP_AUTO)
+		return g->force_plan == FP_ON;
+	if (g->mc->size < offsetof(struct meta_cache_api, n_partitions) + sizeof(g->mc->n_partitions) ||
+	    !g->mc->n_partitions)
+		return true;
+	return g->mc->n_partitions() > 0;
+}
+
 /* A core of ABI 1.8 sends query_set_var values also where no simple Query may go. */
 static bool core_sends_anywhere(void)
 {
@@ -766,7 +799,7 @@ static void vars_done(lk_plugin *self, lk_client *c, int outcome, unsigned sent,
 		}
 	} else if (outcome == LK_VARS_KNOWN) {
 		g->n[N_PREFIXES_KNOWN]++;
-		if (g->force_custom)
+		if (force_custom(g))
 			x->pcm_known = true;	/* the core knows its server has it (outside a block) */
 	} else {
 		what = "skipped";
@@ -799,7 +832,7 @@ static void forget_var(lk_event *ev, const char *name)
 static void ensure_org(struct orr *g, lk_event *ev, lk_client *c, struct orc *x, struct decision *d)
 {
 	char sql[OR_PREFIX_MAX], lit[2 * OR_ORG_MAX + 4];
-	bool pcm = g->force_custom && !x->pcm_known;
+	bool pcm = force_custom(g) && !x->pcm_known;
 
 	x->pcm_bit = -1;
 	if (!pcm && x->cur_valid && x->cur && strcmp(x->cur, d->org) == 0) {
@@ -812,7 +845,7 @@ static void ensure_org(struct orr *g, lk_event *ev, lk_client *c, struct orc *x,
 		return;
 	}
 	if (LK_API_HAS(api, query_set_var) && api->query_set_var(ev, "lokadb.org", d->org) >= 0 &&
-	    (!g->force_custom || (x->pcm_bit = api->query_set_var(ev, "plan_cache_mode", "force_custom_plan")) >= 0) &&
+	    (!force_custom(g) || (x->pcm_bit = api->query_set_var(ev, "plan_cache_mode", "force_custom_plan")) >= 0) &&
 	    api->query_on_vars(g->self, ev, vars_done, x) == 0) {
 		d->prefix = "core";
 		set_cur(&x->cur, d->org);
@@ -847,7 +880,7 @@ static void ensure_org(struct orr *g, lk_event *ev, lk_client *c, struct orc *x,
  * waiting for its Bind, a BEGIN without a session organization). */
 static void ensure_plan_mode(struct orr *g, lk_event *ev, lk_client *c, struct orc *x, struct decision *d)
 {
-	if (!g->force_custom || x->pcm_known || !prefix_safe(ev, x))
+	if (!force_custom(g) || x->pcm_known || !prefix_safe(ev, x))
 		return;
 	if (LK_API_HAS(api, query_set_var) &&
 	    (x->pcm_bit = api->query_set_var(ev, "plan_cache_mode", "force_custom_plan")) >= 0 &&
@@ -2008,8 +2041,9 @@ static int or_init(lk_plugin *self, const lk_api *a)
 				"organizations each server connection serves preferably (pool affinity), 0..32; 0: off") ||
 	    api->config_declare(self, "pause_timeout", "30s",
 				"how long a statement of a paused organization waits before it fails with 55P03") ||
-	    api->config_declare(self, "force_custom_plan", "on",
-				"set plan_cache_mode = force_custom_plan on the servers of routed clients") ||
+	    api->config_declare(self, "force_custom_plan", "auto",
+				"set plan_cache_mode = force_custom_plan on the servers of routed clients: on, off, "
+				"or auto (while some organization has partitions of its own)") ||
 	    api->hook(self, LK_HOOK_CONFIG_CHECK, or_config_check, 0) ||
 	    api->hook(self, LK_HOOK_CONFIG_APPLY, or_config_apply, 0) ||
 	    api->hook(self, LK_HOOK_CLIENT_STARTUP, or_client_startup, 0) ||

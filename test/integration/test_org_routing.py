@@ -804,7 +804,7 @@ def test_no_prepared_statement_on_a_parent_runs_with_a_generic_plan(router, app)
     n1 = direct(app, "SELECT count(*) FROM documents WHERE organization_id = 1")[0][0]
     direct_admin(app, f"ALTER ROLE {USER} IN DATABASE {APP_DB} SET plan_cache_mode = force_generic_plan")
     try:
-        for force in ("on", "off"):
+        for force in ("on", "off", "auto"):      # auto: organizations 2 and 5 have partitions here
             b = router(settings={"pool_mode": "transaction", "default_pool_size": 1},
                        extra=f"force_custom_plan = {force}\n")
             with b.connect("app", USER, prepare_threshold=5) as c:
@@ -819,7 +819,7 @@ def test_no_prepared_statement_on_a_parent_runs_with_a_generic_plan(router, app)
                 mode = c.execute("SHOW plan_cache_mode").fetchone()[0]
                 c.execute("DEALLOCATE p")
             assert len(rows) == 2, rows
-            if force == "on":
+            if force != "off":
                 assert mode == "force_custom_plan"
                 assert all(r[1] == 0 and r[2] >= 7 for r in rows), rows
                 assert "'1'::bigint" in plan and "$1" not in plan, plan      # a custom plan
@@ -1654,6 +1654,68 @@ def test_named_prepared_statements_get_each_statements_organization(router, app)
     assert st["prefixes_skipped"] == 0 and st["prefixes"] > 0
     sets = re.findall(r"(statement|execute [^:]*): SET lokadb\.org", app.log_since(log0))
     assert sets and set(sets) == {"execute lokadb_hidden_ext/lokadb_hidden_ext"}, sets
+
+
+def test_force_custom_plan_auto_follows_whether_an_organization_has_partitions(bouncer_factory, app):
+    """force_custom_plan = auto (the default): while every organization is in
+    DEFAULT (each parent has one partition) prepared statements keep
+    PostgreSQL's plan choice, which saves planning at every execution; once
+    the catalog gives an organization partitions of its own, the servers get
+    plan_cache_mode = force_custom_plan with the next statement. The role's
+    default is force_generic_plan here, so that only the plugin's setting
+    can explain custom plans."""
+    db = f"or_auto_{os.getpid()}"
+    app.sql(f"CREATE DATABASE {db}")
+    try:
+        with app.connect(dbname=db) as c:
+            c.execute(CATALOG_SQL)
+            c.execute(SCHEMA_SQL)
+            c.execute(DATA_SQL.format(orgs="{1,3}", per_project=4))
+            c.execute("INSERT INTO lokadb.orgs (id, name) VALUES ('1', 'org 1'), ('3', 'org 3');"
+                      "INSERT INTO lokadb.tables (schema_name, table_name, org_column, org_type, default_part) "
+                      "VALUES ('public', 'documents', 'organization_id', 'bigint', 'documents_default'), "
+                      "('public', 'versions', 'organization_id', 'bigint', 'versions_default')")
+            c.execute(f"ALTER ROLE {USER} IN DATABASE {db} SET plan_cache_mode = force_generic_plan")
+        raw = (f"[plugin.meta_cache]\ncloud = host=127.0.0.1 port={app.port} dbname={db} user=postgres\n"
+               f"verify = 0\n")
+        b = bouncer_factory(settings={"plugins": "meta_cache org_routing", "pool_mode": "transaction",
+                                      "default_pool_size": 1},
+                            databases={"app": f"host=127.0.0.1 port={app.port} dbname={db}"}, raw=raw)
+        wait_until(lambda: b.admin_dicts("SHOW META_CACHE")[0]["state"] == "ready", 10 * SLOW,
+                   what="meta_cache to load the catalog")
+        assert [r for r in b.admin_dicts("SHOW CONFIG") if r["key"] == "plugin.org_routing.force_custom_plan"][0][
+            "value"] == "auto"
+        q = "SELECT count(*) FROM documents WHERE organization_id = %s"
+
+        def plans(c):
+            return c.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                             "WHERE statement LIKE 'SELECT count(*)%'").fetchall()
+
+        with b.connect("app", USER, prepare_threshold=0) as c:
+            n1 = c.execute(q, [1], prepare=True).fetchone()[0]
+            assert n1 == 12
+            for _ in range(7):
+                assert c.execute(q, [1], prepare=True).fetchone()[0] == n1
+            assert c.execute("SHOW plan_cache_mode").fetchone()[0] == "force_generic_plan"
+            (before,) = plans(c)
+            assert before[0] >= 8 and before[1] == 0, before
+            assert stats(b)["plan_mode_sets"] == 0
+            # organization 3 gets partitions of its own (as ISOLATE ORG records them)
+            with app.connect(dbname=db) as a:
+                a.execute("UPDATE lokadb.orgs SET isolated = true WHERE id = '3'")
+                a.execute("INSERT INTO lokadb.partitions (schema_name, table_name, org_id, container, leaf) "
+                          "VALUES ('public', 'documents', '3', 'documents_o3', 'documents_o3_1'), "
+                          "('public', 'versions', '3', 'versions_o3', 'versions_o3_1')")
+            wait_until(lambda: int(b.admin_dicts("SHOW META_CACHE")[0]["partitions"]) == 2, 10 * SLOW,
+                       what="meta_cache to load the partitions")
+            for _ in range(8):
+                assert c.execute(q, [1], prepare=True).fetchone()[0] == n1
+            (after,) = plans(c)
+            assert after[0] == before[0] and after[1] >= 8, (before, after)
+            assert c.execute("SHOW plan_cache_mode").fetchone()[0] == "force_custom_plan"
+            assert stats(b)["plan_mode_sets"] >= 1
+    finally:
+        app.sql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
 
 
 def test_statements_that_refuse_a_pipeline_run_with_the_extended_protocol(router):
