@@ -731,26 +731,32 @@ static void handle_rfq(struct server *s, struct evbuffer *in, const uint8_t *hdr
 }
 
 /*
- * CommandComplete: after DISCARD ALL or DEALLOCATE ALL the session has no
- * prepared statement left (for_client: the client ran it: its names go too).
- * false: the message is not all here yet.
+ * CommandComplete tags the pooler acts on: after DISCARD ALL or DEALLOCATE
+ * ALL the session has no prepared statement left (for_client: the client ran
+ * it: its names go too); a ROLLBACK (also of a failed COMMIT, or to a
+ * savepoint) while values sent inside a batch wait for their ReadyForQuery
+ * may have undone them, though that ReadyForQuery says idle. Only messages
+ * of those lengths are looked at. false: the message is not all here yet.
  */
-static bool check_tag_wanted(uint32_t len)
+static bool check_tag_wanted(const struct server *s, uint32_t len)
 {
-	return len == 4 + sizeof("DISCARD ALL") || len == 4 + sizeof("DEALLOCATE ALL");
+	return len == 4 + sizeof("DISCARD ALL") || len == 4 + sizeof("DEALLOCATE ALL") ||
+	       (len == 4 + sizeof("ROLLBACK") && (s->ext_live || s->ext_armed));
 }
 
 static bool check_tag(struct server *s, struct evbuffer *in, uint32_t len, bool for_client)
 {
 	const char *tag;
 
-	if (!check_tag_wanted(len))
+	if (!check_tag_wanted(s, len))
 		return true;
 	if (evbuffer_get_length(in) < (size_t)len + 1)
 		return false;
 	tag = (const char *)evbuffer_pullup(in, len + 1) + 5;
 	if (strcmp(tag, "DISCARD ALL") == 0 || strcmp(tag, "DEALLOCATE ALL") == 0)
 		ps_statements_dropped(s, for_client);
+	else if (strcmp(tag, "ROLLBACK") == 0)
+		s->ext_err = true;	/* values sent inside the batch: not taken as known */
 	return true;
 }
 
@@ -763,7 +769,7 @@ static bool complete_head(struct server *s, struct evbuffer *in, const uint8_t *
 {
 	struct rq_item *it = rq_head(&s->rq);
 
-	if (hdr[0] == 'C' && check_tag_wanted(len)) {
+	if (hdr[0] == 'C' && check_tag_wanted(s, len)) {
 		batch_flush(s, in);
 		if (!check_tag(s, in, len, it->act != RQ_HIDE))
 			return false;
@@ -891,23 +897,6 @@ static bool copy_at(struct evbuffer *in, size_t off, uint8_t *out, size_t n)
 	return evbuffer_ptr_set(in, &at, off, EVBUFFER_PTR_SET) == 0 && evbuffer_copyout_from(in, &at, out, n) == (ev_ssize_t)n;
 }
 
-/*
- * A CommandComplete of 13 bytes while values sent inside a batch wait for
- * their ReadyForQuery: a ROLLBACK (also of a failed COMMIT, or to a
- * savepoint) may have undone them, though that ReadyForQuery says idle.
- * false: the message is not all in yet.
- */
-static bool ext_rollback(struct server *s, struct evbuffer *in)
-{
-	uint8_t m[5 + sizeof("ROLLBACK")];
-
-	if (!copy_at(in, s->batch, m, sizeof(m)))
-		return false;
-	if (memcmp(m + 5, "ROLLBACK", sizeof("ROLLBACK")) == 0)
-		s->ext_err = true;	/* not taken as known */
-	return true;
-}
-
 static bool server_message(struct server *s, struct evbuffer *in)
 {
 	uint8_t hdr[6];
@@ -933,8 +922,6 @@ static bool server_message(struct server *s, struct evbuffer *in)
 		head->hide_cc--;	/* a SET put in front of the client's Query */
 		s->fwd_hidden = true;
 	}
-	if (type == 'C' && (s->ext_live || s->ext_armed) && len == 4 + sizeof("ROLLBACK") && !ext_rollback(s, in))
-		return false;
 	switch (type) {
 	case 'Z':
 		if (len != 5) {
@@ -955,7 +942,7 @@ static bool server_message(struct server *s, struct evbuffer *in)
 	case 's':
 		if (head && completes(head, type))
 			return complete_head(s, in, hdr, len);
-		if (type == 'C' && check_tag_wanted(len)) {
+		if (type == 'C' && check_tag_wanted(s, len)) {
 			batch_flush(s, in);
 			if (!check_tag(s, in, len, !s->fwd_hidden))	/* a Query's */
 				return false;

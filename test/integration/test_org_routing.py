@@ -138,12 +138,12 @@ def direct(app, query, params=None):
 @pytest.fixture
 def router(bouncer_factory, app):
     """make(**settings) -> a lokadb with meta_cache and org_routing on the database `app`."""
-    def make(route_log="on", rewrite="on", settings=None, extra="", start=True):
+    def make(route_log="on", rewrite="on", settings=None, extra="", start=True, db=APP_DB):
         s = {"plugins": "meta_cache org_routing"}
         s.update(settings or {})
-        raw = (f"[plugin.meta_cache]\ncloud = host=127.0.0.1 port={app.port} dbname={APP_DB} user=postgres\n"
+        raw = (f"[plugin.meta_cache]\ncloud = host=127.0.0.1 port={app.port} dbname={db} user=postgres\n"
                f"verify = 0\n\n[plugin.org_routing]\nroute_log = {route_log}\nrewrite = {rewrite}\n{extra}")
-        b = bouncer_factory(settings=s, databases={"app": f"host=127.0.0.1 port={app.port} dbname={APP_DB}"},
+        b = bouncer_factory(settings=s, databases={"app": f"host=127.0.0.1 port={app.port} dbname={db}"},
                             raw=raw, start=start)
         if start:
             wait_until(lambda: b.admin_dicts("SHOW META_CACHE")[0]["state"] == "ready", 10 * SLOW,
@@ -1656,7 +1656,7 @@ def test_named_prepared_statements_get_each_statements_organization(router, app)
     assert sets and set(sets) == {"execute lokadb_hidden_ext/lokadb_hidden_ext"}, sets
 
 
-def test_force_custom_plan_auto_follows_whether_an_organization_has_partitions(bouncer_factory, app):
+def test_force_custom_plan_auto_follows_whether_an_organization_has_partitions(router, app):
     """force_custom_plan = auto (the default): while every organization is in
     DEFAULT (each parent has one partition) prepared statements keep
     PostgreSQL's plan choice, which saves planning at every execution; once
@@ -1676,13 +1676,7 @@ def test_force_custom_plan_auto_follows_whether_an_organization_has_partitions(b
                       "VALUES ('public', 'documents', 'organization_id', 'bigint', 'documents_default'), "
                       "('public', 'versions', 'organization_id', 'bigint', 'versions_default')")
             c.execute(f"ALTER ROLE {USER} IN DATABASE {db} SET plan_cache_mode = force_generic_plan")
-        raw = (f"[plugin.meta_cache]\ncloud = host=127.0.0.1 port={app.port} dbname={db} user=postgres\n"
-               f"verify = 0\n")
-        b = bouncer_factory(settings={"plugins": "meta_cache org_routing", "pool_mode": "transaction",
-                                      "default_pool_size": 1},
-                            databases={"app": f"host=127.0.0.1 port={app.port} dbname={db}"}, raw=raw)
-        wait_until(lambda: b.admin_dicts("SHOW META_CACHE")[0]["state"] == "ready", 10 * SLOW,
-                   what="meta_cache to load the catalog")
+        b = router(route_log="off", settings={"pool_mode": "transaction", "default_pool_size": 1}, db=db)
         assert [r for r in b.admin_dicts("SHOW CONFIG") if r["key"] == "plugin.org_routing.force_custom_plan"][0][
             "value"] == "auto"
         q = "SELECT count(*) FROM documents WHERE organization_id = %s"
