@@ -940,6 +940,18 @@ static void effects(struct an *x, const Node *n)
 	case PG_QUERY__NODE__NODE_SELECT_STMT:
 		effect_set_config(x, n->select_stmt);
 		break;
+	case PG_QUERY__NODE__NODE_EXECUTE_STMT:
+		x->a->executes = true;
+		break;
+	case PG_QUERY__NODE__NODE_EXPLAIN_STMT:
+		if (n->explain_stmt->query && n->explain_stmt->query->node_case == PG_QUERY__NODE__NODE_EXECUTE_STMT)
+			x->a->executes = true;
+		break;
+	case PG_QUERY__NODE__NODE_CREATE_TABLE_AS_STMT:
+		if (n->create_table_as_stmt->query &&
+		    n->create_table_as_stmt->query->node_case == PG_QUERY__NODE__NODE_EXECUTE_STMT)
+			x->a->executes = true;
+		break;
 	case PG_QUERY__NODE__NODE_DISCARD_STMT:
 		if (n->discard_stmt->target == PG_QUERY__DISCARD_MODE__DISCARD_ALL)
 			x->st->effect = OR_FX_RESET_ALL;

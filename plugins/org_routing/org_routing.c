@@ -55,7 +55,7 @@
  * and the Bind of the same batch, or for a "sticky" client (one that ran a
  * transaction without a ROUTE call before it: session pooling). Everywhere
  * else the prefix is sent (a cost of a few microseconds on the server, not a
- * round trip). `pcm_known` is the same belief for plan_cache_mode.
+ * round trip). `pcm` is the same belief for plan_cache_mode.
  *
  * Where a simple Query may not go (README "Inside an extended-protocol
  * batch"): before a Bind of the unnamed statement (a simple Query drops
@@ -147,6 +147,10 @@ struct or_pstmt {
 #define OR_REPARSE_MAX 8		/* re-parses per batch (the core's limit per server) */
 #define OR_REPARSE_LEAF_MAX 4		/* ... of which to a leaf */
 
+/* The plan_cache_mode values org_routing gives servers (README "Generic plans"). */
+enum { PCM_NONE, PCM_CUSTOM, PCM_AUTO };
+static const char *const pcm_values[] = { NULL, "force_custom_plan", "auto" };
+
 /* Per client (client_ctx), for watched clients only. */
 struct orc {
 	char *session_org;		/* SET lokadb.org / options; NULL: none */
@@ -181,7 +185,8 @@ struct orc {
 	int aff_max;
 	bool aff_txn;			/* the QUERY hook chose it for the coming transaction */
 	char *last_org;			/* the organization of its last decided statement */
-	bool pcm_known;			/* its server has plan_cache_mode = force_custom_plan */
+	uint8_t pcm;			/* the plan_cache_mode its server has (PCM_NONE: not known) */
+	uint8_t pcm_want;		/* ... that the message being decided asked for */
 	bool pcm_in_block;		/* ... set inside the current block (a ROLLBACK reverts it) */
 	bool block_lokadb;		/* a statement on LokaDB tables ran in the current block */
 	lk_event *paused_ev;		/* a message held while its organization is paused */
@@ -666,7 +671,7 @@ static void apply_effect(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 	case OR_FX_RESET_ALL:
 		forget_var(ev, "lokadb.org");
 		forget_var(ev, "plan_cache_mode");
-		x->pcm_known = false;		/* RESET ALL / DISCARD ALL reset plan_cache_mode too */
+		x->pcm = PCM_NONE;		/* RESET ALL / DISCARD ALL reset plan_cache_mode too */
 		set_owned(&x->session_org, NULL);
 		set_owned(&x->local_org, NULL);
 		set_owned(&x->search_path, NULL);
@@ -693,8 +698,10 @@ static void apply_effect(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 			set_owned(&x->session_org, x->saved_org);
 		set_owned(&x->local_org, NULL);
 		x->cur_valid = false;
-		if (x->pcm_in_block)
-			x->pcm_known = x->pcm_in_block = false;
+		if (x->pcm_in_block) {
+			x->pcm = PCM_NONE;
+			x->pcm_in_block = false;
+		}
 		return;
 	default:
 		return;
@@ -712,8 +719,6 @@ static void apply_effects(struct orr *g, lk_event *ev, lk_client *c, struct orc 
 }
 
 /* ================= acting ================= */
-
-#define PCM_CALL "set_config('plan_cache_mode', 'force_custom_plan', false)"
 
 /* The key parse-cache entries and rewrite memos are valid for. */
 static uint64_t cat_key(const struct orr *g)
@@ -745,6 +750,38 @@ static bool core_sends_anywhere(void)
 	return LK_API_HAS(api, query_set_var) && api->abi_minor >= 8;
 }
 
+/* force_custom_plan for the statement, if force_custom() wants it on the servers. */
+static int pcm_custom(const struct orr *g)
+{
+	return force_custom(g) ? PCM_CUSTOM : PCM_NONE;
+}
+
+/* force_custom_plan where a core before ABI 1.8 needs it (plan_mode_for). */
+static int old_core_plan_mode(const struct orr *g)
+{
+	return core_sends_anywhere() ? PCM_NONE : pcm_custom(g);
+}
+
+/*
+ * The plan_cache_mode a message on LokaDB tables asks for. PostgreSQL's plan
+ * cache picks a plan at a Bind (and at an EXECUTE, see route_message); a
+ * simple Query is planned for its own values: none. Left on a parent:
+ * force_custom_plan, while force_custom() wants it. Addressed to its
+ * organization's leaves with `auto`: PostgreSQL's own choice, as a leaf's
+ * generic plan touches the leaf alone and saves a planning per execution.
+ * A core before ABI 1.8 cannot send values before every Bind: there every
+ * Query, Parse, BEGIN and PREPARE also asks for force_custom_plan
+ * (old_core_plan_mode), as the Binds behind them may get nothing.
+ */
+static int plan_mode_for(const struct orr *g, lk_event *ev, const struct decision *d)
+{
+	if (!force_custom(g))
+		return PCM_NONE;
+	if (api->query_type(ev) == 'Q' || !core_sends_anywhere())
+		return old_core_plan_mode(g);
+	return g->force_plan == FP_AUTO && strcmp(d->rewrite, "leaf") == 0 ? PCM_AUTO : PCM_CUSTOM;
+}
+
 /*
  * May a simple Query go before this message? Not before a Bind of the
  * unnamed statement (it would drop the statement), not after a Parse or Bind
@@ -759,7 +796,7 @@ static bool prefix_safe(lk_event *ev, const struct orc *x)
 
 static void note_plan_mode(struct orr *g, lk_client *c, struct orc *x)
 {
-	x->pcm_known = true;
+	x->pcm = x->pcm_want;
 	if (api->client_in_transaction(c))
 		x->pcm_in_block = true;
 	g->n[N_PLAN_MODE]++;
@@ -784,8 +821,9 @@ static void vars_done(lk_plugin *self, lk_client *c, int outcome, unsigned sent,
 	if (outcome == LK_VARS_SENT) {
 		what = "sent";
 		g->n[N_PREFIXES]++;
+		if (x->pcm_bit >= 0)
+			x->pcm = x->pcm_want;
 		if (x->pcm_bit >= 0 && (sent & (1u << x->pcm_bit))) {
-			x->pcm_known = true;
 			if (api->client_in_transaction(c) || x->changed_in_block)
 				x->pcm_in_block = true;	/* (also: sent inside a batch, see ensure_org) */
 			g->n[N_PLAN_MODE]++;
@@ -795,12 +833,12 @@ static void vars_done(lk_plugin *self, lk_client *c, int outcome, unsigned sent,
 			 * fails they are rolled back with it. The core records them
 			 * only if it succeeds: let it decide next time. */
 			x->cur_valid = false;
-			x->pcm_known = false;
+			x->pcm = PCM_NONE;
 		}
 	} else if (outcome == LK_VARS_KNOWN) {
 		g->n[N_PREFIXES_KNOWN]++;
-		if (force_custom(g))
-			x->pcm_known = true;	/* the core knows its server has it (outside a block) */
+		if (x->pcm_bit >= 0)
+			x->pcm = x->pcm_want;	/* the core knows its server has it (outside a block) */
 	} else {
 		what = "skipped";
 		g->n[N_PREFIXES_SKIPPED]++;
@@ -823,18 +861,19 @@ static void forget_var(lk_event *ev, const char *name)
 
 /*
  * Make the server's lokadb.org be d->org ("" when none) before the message,
- * unless the client's server is known to have it; with force_custom_plan,
- * plan_cache_mode goes in the same statement while the server is not known
- * to have it. With ABI 1.5 the core decides once it has picked the server
+ * unless the client's server is known to have it; plan_cache_mode =
+ * pcm_values[want] (unless PCM_NONE) goes with it while the server is not
+ * known to have it. With ABI 1.5 the core decides once it has picked the server
  * (query_set_var): it knows which values each server connection has, so a
  * server that already has the organization (org_affinity) gets no prefix.
  */
-static void ensure_org(struct orr *g, lk_event *ev, lk_client *c, struct orc *x, struct decision *d)
+static void ensure_org(struct orr *g, lk_event *ev, lk_client *c, struct orc *x, struct decision *d, int want)
 {
 	char sql[OR_PREFIX_MAX], lit[2 * OR_ORG_MAX + 4];
-	bool pcm = force_custom(g) && !x->pcm_known;
+	bool pcm = want != PCM_NONE && x->pcm != want;
 
 	x->pcm_bit = -1;
+	x->pcm_want = (uint8_t)want;
 	if (!pcm && x->cur_valid && x->cur && strcmp(x->cur, d->org) == 0) {
 		d->prefix = "known";
 		return;
@@ -845,7 +884,7 @@ static void ensure_org(struct orr *g, lk_event *ev, lk_client *c, struct orc *x,
 		return;
 	}
 	if (LK_API_HAS(api, query_set_var) && api->query_set_var(ev, "lokadb.org", d->org) >= 0 &&
-	    (!force_custom(g) || (x->pcm_bit = api->query_set_var(ev, "plan_cache_mode", "force_custom_plan")) >= 0) &&
+	    (want == PCM_NONE || (x->pcm_bit = api->query_set_var(ev, "plan_cache_mode", pcm_values[want])) >= 0) &&
 	    api->query_on_vars(g->self, ev, vars_done, x) == 0) {
 		d->prefix = "core";
 		set_cur(&x->cur, d->org);
@@ -863,7 +902,8 @@ static void ensure_org(struct orr *g, lk_event *ev, lk_client *c, struct orc *x,
 	}
 	if (!or_quote_literal(d->org, lit, sizeof(lit)))
 		return;
-	snprintf(sql, sizeof(sql), "SELECT set_config('lokadb.org', %s, false)%s", lit, pcm ? ", " PCM_CALL : "");
+	snprintf(sql, sizeof(sql), "SELECT set_config('lokadb.org', %s, false)%s%s%s", lit,
+		 pcm ? ", set_config('plan_cache_mode', '" : "", pcm ? pcm_values[want] : "", pcm ? "', false)" : "");
 	if (api->query_prefix(ev, sql) != 0)
 		return;
 	d->prefix = "sent";
@@ -876,19 +916,26 @@ static void ensure_org(struct orr *g, lk_event *ev, lk_client *c, struct orc *x,
 		x->changed_in_block = true;
 }
 
-/* plan_cache_mode alone, where the organization is not known yet (a Parse
- * waiting for its Bind, a BEGIN without a session organization). */
-static void ensure_plan_mode(struct orr *g, lk_event *ev, lk_client *c, struct orc *x, struct decision *d)
+/* plan_cache_mode alone, where no organization is needed or known yet (an
+ * EXECUTE, a Query's PREPARE waiting for its EXECUTE, a BEGIN without a
+ * session organization). */
+static void ensure_plan_mode(struct orr *g, lk_event *ev, lk_client *c, struct orc *x, struct decision *d, int want)
 {
-	if (!force_custom(g) || x->pcm_known || !prefix_safe(ev, x))
+	char sql[96];
+
+	x->pcm_bit = -1;
+	if (want == PCM_NONE || x->pcm == want || (!prefix_safe(ev, x) && !core_sends_anywhere()))
 		return;
+	x->pcm_want = (uint8_t)want;
 	if (LK_API_HAS(api, query_set_var) &&
-	    (x->pcm_bit = api->query_set_var(ev, "plan_cache_mode", "force_custom_plan")) >= 0 &&
+	    (x->pcm_bit = api->query_set_var(ev, "plan_cache_mode", pcm_values[want])) >= 0 &&
 	    api->query_on_vars(g->self, ev, vars_done, x) == 0) {
 		d->prefix = "core";
 		return;
 	}
-	if (api->query_prefix(ev, "SELECT " PCM_CALL) != 0)
+	x->pcm_bit = -1;
+	snprintf(sql, sizeof(sql), "SELECT set_config('plan_cache_mode', '%s', false)", pcm_values[want]);
+	if (!prefix_safe(ev, x) || api->query_prefix(ev, sql) != 0)
 		return;
 	d->prefix = "sent";
 	g->n[N_PREFIXES]++;
@@ -1308,7 +1355,7 @@ static bool want_inline(lk_event *ev, const struct or_analysis *a)
 	int last = api->query_type(ev) == 'Q' ? OR_K_DELETE : OR_K_COPY_FROM;
 
 	return a->nstmts == 1 && !a->effects && !a->ends_txn && !a->parse_error && st->effect == OR_FX_NONE &&
-	       st->kind >= OR_K_SELECT && st->kind <= last && LK_API_HAS(api, query_vars_inline) &&
+	       ((st->kind >= OR_K_SELECT && st->kind <= last) || a->executes) && LK_API_HAS(api, query_vars_inline) &&
 	       api->query_vars_inline(ev) == 0;
 }
 
@@ -1334,12 +1381,14 @@ static int route_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 		return hold_paused(g, ev, x, &d);
 	affinity_for(g, c, x, &d);
 	if (d.first && d.src == SRC_PENDING) {
-		/* the Bind decides (a Query: PREPARE ... $1). plan_cache_mode goes
-		 * before a Query only: before a Parse, the prefix's ReadyForQuery
-		 * can reach the core before the client's Sync, and the core then
-		 * takes the server for idle (see README, "Needs from the core") */
+		/* the Bind decides (a Query: PREPARE ... $1, whose EXECUTE asks for
+		 * plan_cache_mode itself). With an older core plan_cache_mode goes
+		 * here, before a Query only: before a Parse, the prefix's
+		 * ReadyForQuery can reach the core before the client's Sync, and
+		 * the core then takes the server for idle (see README, "Needs from
+		 * the core") */
 		if (type == 'Q')
-			ensure_plan_mode(g, ev, c, x, &d);
+			ensure_plan_mode(g, ev, c, x, &d, old_core_plan_mode(g));
 		route_log(g, ev, &d, "pending");
 	} else if (d.first && type == 'B') {
 		if (d.params) {		/* decided now, with the values */
@@ -1354,7 +1403,7 @@ static int route_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 		}
 		/* decided at the Parse: a later Bind (a new transaction) may need the prefix again */
 		x->inline_req = want_inline(ev, a);
-		ensure_org(g, ev, c, x, &d);
+		ensure_org(g, ev, c, x, &d, plan_mode_for(g, ev, &d));
 		if (d.params || d.reparsed || strcmp(d.prefix, "known") != 0)
 			route_log(g, ev, &d, d.params ? "param" : source_names[d.src]);
 	} else if (d.first) {
@@ -1366,7 +1415,7 @@ static int route_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 		 * Bind, which ensures it): a core that sends values inside batches
 		 * gets them there, once */
 		if (!d.after_set && !(type == 'P' && core_sends_anywhere()))
-			ensure_org(g, ev, c, x, &d);
+			ensure_org(g, ev, c, x, &d, plan_mode_for(g, ev, &d));
 		route_log(g, ev, &d, source_names[d.src]);
 	} else if (a->stmts[0].effect == OR_FX_BEGIN) {
 		/* A block's later Parses are not batch starts that the plugin can
@@ -1374,11 +1423,20 @@ static int route_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 		 * organization (and plan_cache_mode) now, while a prefix is safe. */
 		if (session_org(x)) {
 			snprintf(d.org, sizeof(d.org), "%s", session_org(x));
-			ensure_org(g, ev, c, x, &d);
+			ensure_org(g, ev, c, x, &d, old_core_plan_mode(g));
 		} else if (type == 'Q') {
-			ensure_plan_mode(g, ev, c, x, &d);
+			ensure_plan_mode(g, ev, c, x, &d, old_core_plan_mode(g));
 		}
 		route_log(g, ev, &d, "begin");
+	} else if (a->executes) {
+		/* EXECUTE of a statement prepared with PREPARE, perhaps on a parent:
+		 * PostgreSQL's plan cache picks its plan now (at the Bind with the
+		 * extended protocol) */
+		if (type != 'P') {
+			x->inline_req = want_inline(ev, a);
+			ensure_plan_mode(g, ev, c, x, &d, pcm_custom(g));
+		}
+		route_log(g, ev, &d, "execute");
 	} else {
 		route_log(g, ev, &d, "set");
 	}
@@ -1464,8 +1522,10 @@ static int route_now(struct orr *g, lk_event *ev, lk_client *c, struct orc *x)
 		or_norm_free(&nm);
 		mm = may_matter(g, x, api->client_user(c), orig, 0);
 	}
-	if (mm & MM_PLAN_MODE)
+	if (mm & MM_PLAN_MODE) {
 		forget_var(ev, "plan_cache_mode");	/* a SET or set_config of it, perhaps */
+		x->pcm = PCM_NONE;
+	}
 	if (!mm) {
 		g->n[N_PASSED]++;
 		g->n[N_PREFILTERED]++;
@@ -1513,7 +1573,7 @@ static int route_now(struct orr *g, lk_event *ev, lk_client *c, struct orc *x)
 	x->last_ends_txn = a->ends_txn;
 	if (a->parse_error)
 		g->n[N_PARSE_ERRORS]++;
-	if (!a->tables && !a->effects) {
+	if (!a->tables && !a->effects && !(a->executes && force_custom(g))) {
 		g->n[N_PASSED]++;
 		give_affinity(g, c, x, predicted_org(x));
 		if (g->route_log) {
@@ -1936,7 +1996,7 @@ static int or_txn_end(lk_plugin *self, lk_event *ev)
 	x->changed_in_block = false;
 	txn_end_batch(x);
 	if (!x->sticky || x->pcm_in_block)
-		x->pcm_known = false;
+		x->pcm = PCM_NONE;
 	x->pcm_in_block = false;
 	x->block_lokadb = false;
 	x->aff_txn = false;

@@ -86,6 +86,8 @@ struct or_analysis {
 	bool params;		/* some term or effect value is a parameter */
 	bool parse_error;	/* libpg_query refused it: passed through as is */
 	bool ends_txn;		/* a COMMIT, ROLLBACK or PREPARE TRANSACTION */
+	bool executes;		/* an EXECUTE of a prepared statement (also under EXPLAIN,
+				 * CREATE TABLE AS): PostgreSQL's plan cache picks its plan */
 };
 
 /* ---- analyze.c ---- */

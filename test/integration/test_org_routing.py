@@ -1480,8 +1480,7 @@ def test_the_organization_goes_in_front_of_the_statement_in_one_query(router, ap
         log0 = app.log_size()
         got = _wire_reply(w, stmt)
         ran = executed(app, log0)
-        pcm = "SET plan_cache_mode = 'force_custom_plan'; " if i == 0 else ""    # a new server: both
-        assert ran == [f"SET lokadb.org = '{o}'; {pcm}{stmt}"], ran
+        assert ran == [f"SET lokadb.org = '{o}'; {stmt}"], ran     # no plan_cache_mode: no plan cache
         assert [t for t, _ in got] == ["T", "D", "C", "Z"], got
         assert got[2][1] == b"SELECT 1\0" and got[3][1] == b"I"
         assert _parse_data_row(got[1][1])[0] == str(o)
@@ -1654,6 +1653,59 @@ def test_named_prepared_statements_get_each_statements_organization(router, app)
     assert st["prefixes_skipped"] == 0 and st["prefixes"] > 0
     sets = re.findall(r"(statement|execute [^:]*): SET lokadb\.org", app.log_since(log0))
     assert sets and set(sets) == {"execute lokadb_hidden_ext/lokadb_hidden_ext"}, sets
+
+
+
+def test_statements_on_a_leaf_keep_postgresqls_plan_choice(router, app):
+    """force_custom_plan = auto with isolated organizations: a prepared
+    statement addressed to an organization's leaf runs with plan_cache_mode =
+    auto, so PostgreSQL may keep its generic plan (flat on a leaf: no
+    planning per execution); one left on a parent keeps force_custom_plan,
+    also when both alternate on one server connection; an EXECUTE of a
+    statement prepared with PREPARE, after leaf statements, gets
+    force_custom_plan back (extended protocol and simple Query)."""
+    leaf_q = "SELECT count(*) FROM documents WHERE organization_id = %s AND id > %s"
+    parent_q = "SELECT count(*) FROM documents WHERE organization_id = %s AND id >= %s"
+    n1 = direct(app, "SELECT count(*) FROM documents WHERE organization_id = 1")[0][0]
+    n2 = direct(app, f"SELECT count(*) FROM documents WHERE organization_id = {ISOLATED}")[0][0]
+    b = router(settings={"pool_mode": "transaction", "default_pool_size": 1})
+
+    def plans(c, like):
+        return c.execute("SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements "
+                         "WHERE statement LIKE %s", [like]).fetchall()
+
+    with b.connect("app", USER, prepare_threshold=0) as c:
+        for _ in range(8):
+            assert c.execute(leaf_q, [ISOLATED, 0], prepare=True).fetchone()[0] == n2
+            assert c.execute(parent_q, [1, 0], prepare=True).fetchone()[0] == n1
+        (leaf,) = plans(c, "%documents_o2_1 documents WHERE organization_id = $1 AND id > $2")
+        (parent,) = plans(c, "%documents WHERE organization_id = $1 AND id >= $2")
+        assert leaf[1] >= 1, leaf                                 # PostgreSQL's generic plan
+        assert parent[1] == 0 and parent[2] >= 8, parent          # never the generic one
+        sets = stats(b)["plan_mode_sets"]
+        assert sets >= 15, sets                                   # switched at every alternation
+        c.execute("PREPARE p (bigint) AS SELECT count(*) FROM documents WHERE organization_id = $1")
+        for _ in range(7):
+            assert c.execute(leaf_q, [ISOLATED, 0], prepare=True).fetchone()[0] == n2
+            assert c.execute("EXECUTE p (1)").fetchone()[0] == n1
+        assert c.execute("SHOW plan_cache_mode").fetchone()[0] == "force_custom_plan"
+        p = c.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = 'p'").fetchall()
+        assert p == [(0, 7)], p
+        c.execute("DEALLOCATE p")
+    w = b.login("app", USER)
+    try:
+        assert [t for t, _ in _wire_reply(w, "PREPARE q (bigint) AS SELECT count(*) FROM documents "
+                                             "WHERE organization_id = $1")] == ["C", "Z"]
+        for _ in range(7):
+            got = _wire_reply(w, f"SELECT count(*) FROM documents WHERE organization_id = {ISOLATED}")
+            assert [t for t, _ in got] == ["T", "D", "C", "Z"], got
+            got = _wire_reply(w, "EXECUTE q (1)")
+            assert [t for t, _ in got] == ["T", "D", "C", "Z"], got
+            assert _parse_data_row(got[1][1])[0] == str(n1)
+        got = _wire_reply(w, "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = 'q'")
+        assert _parse_data_row(got[1][1]) == ["0", "7"], got
+    finally:
+        w.close()
 
 
 def test_force_custom_plan_auto_follows_whether_an_organization_has_partitions(router, app):
