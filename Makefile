@@ -1,7 +1,18 @@
 # LokaDB build. `make deps` installs what is missing, `make` builds, `make check` tests.
 #   make SANITIZE=address,undefined check   -- the sanitizer build (objects kept apart)
 
--include config.mk
+# config.mk is written by ./configure (pkg-config flags of the six libraries). On a fresh
+# machine it does not exist yet: make builds it first (GNU make remakes an included file
+# before any goal), and its rule installs the missing packages before configure looks for
+# them. `make deps` and `make clean` need no config.mk.
+ifeq ($(filter-out deps clean,$(MAKECMDGOALS)),)
+ifneq ($(MAKECMDGOALS),)
+NO_CONFIG_MK = 1
+endif
+endif
+ifndef NO_CONFIG_MK
+include config.mk
+endif
 
 PREFIX ?= /usr/local
 CC ?= cc
@@ -79,6 +90,7 @@ $(BUILD)/test-plugins/%.so: test/plugins/%.c $(wildcard include/lokadb/*.h test/
 test-plugins: $(TEST_PLUGINS)
 
 config.mk:
+	@sh tools/deps.sh
 	./configure
 
 $(BIN): $(CORE_OBJS) $(BUILD)/src/main.o
