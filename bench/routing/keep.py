@@ -25,8 +25,9 @@ and client count, measures `pgbench -M simple -c C -j 2` (`-j 1` for one
 client; `--protocol extended`: `-M extended`, each statement the unnamed
 statement with its organization a parameter; `--protocol prepared`: `-M
 prepared`, a named statement prepared once per connection and then only
-bound, lokadb's `max_prepared_statements` at its default; mode `set` only
-with `simple`),
+bound, lokadb's `max_prepared_statements` at its default, and the report
+gives the Parses lokadb sent PostgreSQL per 100 Binds of its clients
+(SHOW STATS); mode `set` only with `simple`),
 and stops it. A round runs each mode on 1 then N organizations;
 the order of the modes rotates from one round to the next. The report
 gives every run with the CPU of lokadb and of PostgreSQL per transaction
@@ -40,10 +41,14 @@ usage: keep.py [--orgs 1000] [--layout isolated|default] [--clients 32]
                [--workloads read,update,insert] [--modes on,off,set]
                [--rounds 5] [--seconds 8] [--warm 8] [--affinity 8]
                [--lokadb ./lokadb] [--plugin-dir ./plugins]
-               [--protocol simple|extended|prepared]
-(`--off` is `--modes off`.)
+               [--protocol simple|extended|prepared] [--max-prepared N] [--perf N]
+(`--off` is `--modes off`; `--max-prepared`: lokadb's max_prepared_statements;
+`--perf N`: `perf record -e cpu-clock` of PostgreSQL's processes during each
+measured run, and its N busiest functions in µs of CPU per transaction.)
 """
 import argparse
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -102,6 +107,45 @@ def script(base, wl, mode, n):
     return path
 
 
+PERF_HZ = 2000
+
+
+def perf_start(a, pg, d):
+    """With --perf: perf record (cpu-clock) of the cluster's processes for
+    the measured run, started now; (process, output file) or None."""
+    if not a.perf:
+        return None
+    pids = [p for p in os.listdir("/proc") if p.isdigit() and _ppid(p) == str(pg.pid)] + [str(pg.pid)]
+    out = d / "perf.data"
+    return subprocess.Popen(["perf", "record", "-q", "-e", "cpu-clock", "-F", str(PERF_HZ), "-p", ",".join(pids),
+                             "-o", str(out), "--", "sleep", str(a.seconds)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), out
+
+
+def _ppid(p):
+    try:
+        return Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1]
+    except (OSError, IndexError):
+        return None
+
+
+def perf_top(a, rec, txns):
+    """PostgreSQL's functions by CPU µs per transaction (the --perf most)."""
+    if not rec:
+        return []
+    proc, out = rec
+    proc.wait(timeout=a.seconds + 60)
+    r = subprocess.run(["perf", "report", "-i", str(out), "--stdio", "--no-children", "--sort", "sym",
+                        "-F", "sample,sym", "-q"], capture_output=True, text=True, timeout=300)
+    rows = []
+    for ln in r.stdout.splitlines():
+        f = ln.split(None, 2)
+        if len(f) == 3 and f[0].isdigit():
+            rows.append((int(f[0]) / PERF_HZ / txns * 1e6, f[2].strip()))
+    rows.sort(reverse=True)
+    return [(sum(us for us, _ in rows), "(all functions)")] + rows[:a.perf]
+
+
 def one_run(a, pg, base, n, wl, mode):
     off = mode != "on"
     d = Path(tempfile.mkdtemp(prefix=f"lk{n}-", dir=base))
@@ -112,6 +156,7 @@ def one_run(a, pg, base, n, wl, mode):
         f"[lokadb]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\nauth_type = trust\n"
         f"auth_file = {d}/users.txt\nadmin_users = postgres\nlogfile = {d}/lokadb.log\n"
         f"pool_mode = transaction\ndefault_pool_size = 8\nmax_client_conn = 200\n"
+        + (f"max_prepared_statements = {a.max_prepared}\n" if a.max_prepared is not None else "")
         + ("" if off else f"plugins = meta_cache org_routing\nplugin_dir = {a.plugin_dir}\n")
         + f"\n[databases]\nbench = {conn}\n"
         + ("" if off else f"\n[plugin.meta_cache]\ncloud = {conn} user=postgres\n"
@@ -138,11 +183,23 @@ def one_run(a, pg, base, n, wl, mode):
         pgbench(a.warm)
         def cpu():
             return {"lokadb": bl.proc_cpu_seconds(lk.pid) or 0.0, "postgres": bl.tree_cpu_seconds(pg.pid)}
-        c0 = cpu()
+
+        def counts():
+            rows = bl.psql_dicts(pg, "SHOW STATS", "lokadb", port, host="127.0.0.1")
+            row = next(r for r in rows if r["database"] == "bench")
+            return {k: int(row[f"total_{k}"]) for k in ("xact_count", "server_parse_count", "bind_count")}
+        n0, c0 = counts(), cpu()
+        rec = perf_start(a, pg, d)
         tps = pgbench(a.seconds)
-        c1 = cpu()
+        c1, n1 = cpu(), counts()
         txns = tps * a.seconds
         cpu = {k: (c1[k] - c0[k]) / txns * 1e6 for k in c0}
+        dn = {k: n1[k] - n0[k] for k in n0}
+        cpu["parses"] = dn["server_parse_count"] / max(1, dn["bind_count"]) * 100
+        held = [int(r["prepared_statements"]) for r in
+                bl.psql_dicts(pg, "SHOW SERVERS", "lokadb", port, host="127.0.0.1") if r["database"] == "bench"]
+        cpu["held"] = max(held, default=0)
+        cpu["perf"] = perf_top(a, rec, tps * a.seconds)
         return tps, cpu
     finally:
         bl.stop_pid(lk.pid, popen=lk)
@@ -161,6 +218,11 @@ def main():
     ap.add_argument("--seconds", type=int, default=8)
     ap.add_argument("--warm", type=int, default=8)
     ap.add_argument("--affinity", type=int, default=8)
+    ap.add_argument("--max-prepared", type=int, default=None,
+                    help="lokadb's max_prepared_statements (default: lokadb's default)")
+    ap.add_argument("--perf", type=int, default=0, metavar="N",
+                    help="perf record PostgreSQL during each measured run and print its N most "
+                         "expensive functions, µs of CPU per transaction")
     ap.add_argument("--lokadb", default=str(REPO / "lokadb"))
     ap.add_argument("--plugin-dir", default=str(REPO / "plugins"))
     ap.add_argument("--protocol", choices=["simple", "extended", "prepared"], default="simple",
@@ -170,6 +232,8 @@ def main():
     modes = ["off"] if a.off else a.modes.split(",")
     if not modes or len(set(modes)) != len(modes) or not set(modes) <= {"on", "off", "set"}:
         ap.error("--modes: a list of on, off and set")
+    if a.perf and not shutil.which("perf"):
+        ap.error("--perf needs perf (Debian package linux-perf)")
     if "set" in modes and a.protocol != "simple":
         ap.error("--modes set needs --protocol simple (the SET and the statement go in one Query)")
     a.lokadb, a.plugin_dir = str(Path(a.lokadb).resolve()), str(Path(a.plugin_dir).resolve())
@@ -195,7 +259,12 @@ def main():
                         t, cpu = one_run(a, pg, base, n, wl, m)
                         tps[m, n].append(t)
                         print(f"{wl:6s} round {r + 1} {m:3s} orgs {n:5d}: {t:8.0f} tps, CPU µs / txn lokadb "
-                              f"{cpu['lokadb']:.1f}, PostgreSQL {cpu['postgres']:.1f}", flush=True)
+                              f"{cpu['lokadb']:.1f}, PostgreSQL {cpu['postgres']:.1f}"
+                              + (f", server Parses per 100 Binds {cpu['parses']:.1f}, at most "
+                                 f"{cpu['held']} statements on a server"
+                                 if a.protocol == "prepared" else ""), flush=True)
+                        for us, sym in cpu["perf"]:
+                            print(f"{wl:6s}     perf {m:3s} orgs {n:5d}: {us:7.2f} µs  {sym}", flush=True)
             pairs = {}
             for m in modes:
                 m1, mn = statistics.median(tps[m, 1]), statistics.median(tps[m, a.orgs])
