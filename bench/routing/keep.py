@@ -41,10 +41,12 @@ usage: keep.py [--orgs 1000] [--layout isolated|default] [--clients 32]
                [--workloads read,update,insert] [--modes on,off,set]
                [--rounds 5] [--seconds 8] [--warm 8] [--affinity 8]
                [--lokadb ./lokadb] [--plugin-dir ./plugins]
-               [--protocol simple|extended|prepared] [--max-prepared N] [--perf N]
+               [--protocol simple|extended|prepared] [--max-prepared N]
+               [--perf N] [--perf-of postgres|lokadb]
 (`--off` is `--modes off`; `--max-prepared`: lokadb's max_prepared_statements;
-`--perf N`: `perf record -e cpu-clock` of PostgreSQL's processes during each
-measured run, and its N busiest functions in µs of CPU per transaction.)
+`--perf N`: `perf record -e cpu-clock` of PostgreSQL's processes, or with
+`--perf-of lokadb` of lokadb, during each measured run, and their N busiest
+functions in µs of CPU per transaction.)
 """
 import argparse
 import os
@@ -110,12 +112,16 @@ def script(base, wl, mode, n):
 PERF_HZ = 2000
 
 
-def perf_start(a, pg, d):
-    """With --perf: perf record (cpu-clock) of the cluster's processes for
-    the measured run, started now; (process, output file) or None."""
+def perf_start(a, pg, lk, d):
+    """With --perf: perf record (cpu-clock) of the cluster's processes (or,
+    with --perf-of lokadb, of lokadb) for the measured run, started now;
+    (process, output file) or None."""
     if not a.perf:
         return None
-    pids = [p for p in os.listdir("/proc") if p.isdigit() and _ppid(p) == str(pg.pid)] + [str(pg.pid)]
+    if a.perf_of == "lokadb":
+        pids = [str(lk.pid)]
+    else:
+        pids = [p for p in os.listdir("/proc") if p.isdigit() and _ppid(p) == str(pg.pid)] + [str(pg.pid)]
     out = d / "perf.data"
     return subprocess.Popen(["perf", "record", "-q", "-e", "cpu-clock", "-F", str(PERF_HZ), "-p", ",".join(pids),
                              "-o", str(out), "--", "sleep", str(a.seconds)],
@@ -130,7 +136,7 @@ def _ppid(p):
 
 
 def perf_top(a, rec, txns):
-    """PostgreSQL's functions by CPU µs per transaction (the --perf most)."""
+    """The recorded functions by CPU µs per transaction (the --perf most)."""
     if not rec:
         return []
     proc, out = rec
@@ -189,7 +195,7 @@ def one_run(a, pg, base, n, wl, mode):
             row = next(r for r in rows if r["database"] == "bench")
             return {k: int(row[f"total_{k}"]) for k in ("xact_count", "server_parse_count", "bind_count")}
         n0, c0 = counts(), cpu()
-        rec = perf_start(a, pg, d)
+        rec = perf_start(a, pg, lk, d)
         tps = pgbench(a.seconds)
         c1, n1 = cpu(), counts()
         txns = tps * a.seconds
@@ -223,6 +229,8 @@ def main():
     ap.add_argument("--perf", type=int, default=0, metavar="N",
                     help="perf record PostgreSQL during each measured run and print its N most "
                          "expensive functions, µs of CPU per transaction")
+    ap.add_argument("--perf-of", choices=["postgres", "lokadb"], default="postgres",
+                    help="whose functions --perf records")
     ap.add_argument("--lokadb", default=str(REPO / "lokadb"))
     ap.add_argument("--plugin-dir", default=str(REPO / "plugins"))
     ap.add_argument("--protocol", choices=["simple", "extended", "prepared"], default="simple",
@@ -264,7 +272,8 @@ def main():
                                  f"{cpu['held']} statements on a server"
                                  if a.protocol == "prepared" else ""), flush=True)
                         for us, sym in cpu["perf"]:
-                            print(f"{wl:6s}     perf {m:3s} orgs {n:5d}: {us:7.2f} µs  {sym}", flush=True)
+                            print(f"{wl:6s}     perf {m:3s} orgs {n:5d}: {us:7.2f} µs  {sym}"
+                                  + (" (lokadb)" if a.perf_of == "lokadb" else ""), flush=True)
             pairs = {}
             for m in modes:
                 m1, mn = statistics.median(tps[m, 1]), statistics.median(tps[m, a.orgs])
