@@ -1004,10 +1004,17 @@ static enum or_kind kind_of(const Node *n, bool *rewritable)
 		 * the one the statement gets (for a moved organization, what
 		 * postgres_fdw pushes down to its site) */
 		const Node *q = n->explain_stmt->query;
+		bool dml_rewritable;
 		if (q && q->node_case == PG_QUERY__NODE__NODE_SELECT_STMT) {
 			*rewritable = !q->select_stmt->into_clause;
 			return OR_K_SELECT;
 		}
+		/* EXPLAIN of a write: its kind (it runs in a batch like the write,
+		 * and gets its organization there), on the table as written */
+		if (q && (q->node_case == PG_QUERY__NODE__NODE_INSERT_STMT ||
+			  q->node_case == PG_QUERY__NODE__NODE_UPDATE_STMT ||
+			  q->node_case == PG_QUERY__NODE__NODE_DELETE_STMT))
+			return kind_of(q, &dml_rewritable);
 		return OR_K_OTHER;
 	}
 	case PG_QUERY__NODE__NODE_COPY_STMT: {

@@ -1342,7 +1342,8 @@ static bool may_hold(lk_client *c, const struct orc *x)
  * May the session values go in front of this statement, in its transaction
  * (query_vars_inline)? One statement without session effects that runs the
  * same in the implicit transaction block it then shares with the SETs: a
- * SELECT, INSERT, UPDATE or DELETE; for a Parse or Bind also a COPY (the
+ * SELECT, INSERT, UPDATE or DELETE, also under EXPLAIN (analyze.c gives an
+ * EXPLAIN its statement's kind); for a Parse or Bind also a COPY (the
  * core's extended messages go in front of it, ABI 1.9; an older core
  * refuses those). Not a statement that refuses blocks or a pipeline
  * (VACUUM, CREATE DATABASE), a COMMIT, a second statement of the client's:

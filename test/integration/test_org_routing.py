@@ -1094,6 +1094,33 @@ def test_a_statement_in_the_middle_of_a_batch_gets_its_organization(router):
     assert res.error is None and res.rows == [["3", n[3]], ["1", n[1]]]
 
 
+def test_an_explain_of_a_write_inside_a_batch_gets_its_organization(router):
+    """EXPLAIN of an INSERT, UPDATE or DELETE runs behind other messages of a
+    batch as the write itself does: in the middle of a batch it gets its
+    organization in front of it like the write (it used to get none), and it
+    runs on the table as written."""
+    b = router()
+    w = b.login("app", USER)
+    one = Wire.bind_msg() + Wire.execute_msg()
+    setting = Wire.parse_msg(f"SELECT {SETTING}") + one
+    for o, other in ((3, 1), (ISOLATED, 3)):
+        for stmt in (f"EXPLAIN UPDATE documents SET title = title WHERE organization_id = {o}",
+                     f"EXPLAIN (COSTS OFF) DELETE FROM documents WHERE organization_id = {o} AND id = -1",
+                     f"EXPLAIN INSERT INTO documents (organization_id, project_id, title) VALUES ({o}, 1, 'x')"):
+            first = Wire.parse_msg(f"SELECT count(*) FROM documents WHERE organization_id = {other}") + one
+            w.send(first + Wire.parse_msg(stmt) + one + setting + Wire.sync_msg())
+            res = w.read_until_ready(timeout=5 * SLOW)
+            assert res.error is None, stmt
+            assert res.tags == ["SELECT 1", "EXPLAIN", "SELECT 1"], stmt
+            assert res.rows[-1] == [str(o)], stmt
+            plan = " ".join(r[0] for r in res.rows[1:-1])
+            assert "documents" in plan, plan
+    # as a simple Query: the organization in front of it in the same Query
+    assert w.query("EXPLAIN DELETE FROM documents WHERE organization_id = 1").error is None
+    assert w.query(f"SELECT {SETTING}").rows == [["1"]]
+    assert w.query("SELECT count(*) FROM documents WHERE title = 'x'").rows == [["0"]]
+
+
 def test_psycopg_pipelines_and_unnamed_statements_get_each_statements_organization(router):
     """What an ORM on psycopg sends: unnamed statements with the organization
     as a parameter, in pipelines, in transaction pooling with clients sharing
