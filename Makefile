@@ -5,12 +5,9 @@
 # machine it does not exist yet: make builds it first (GNU make remakes an included file
 # before any goal), and its rule installs the missing packages before configure looks for
 # them. `make deps` and `make clean` need no config.mk.
-ifeq ($(filter-out deps clean,$(MAKECMDGOALS)),)
-ifneq ($(MAKECMDGOALS),)
-NO_CONFIG_MK = 1
-endif
-endif
-ifndef NO_CONFIG_MK
+ifeq ($(MAKECMDGOALS),)
+include config.mk
+else ifneq ($(filter-out deps clean,$(MAKECMDGOALS)),)
 include config.mk
 endif
 

@@ -558,10 +558,10 @@ def proc_cpu_seconds(pid):
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def tree_cpu_seconds(pid):
-    """user + system CPU seconds of pid and its children (a postmaster and its
-    backends), from /proc."""
-    pid, total = str(pid), 0
+def _tree_stats(pid):
+    """(pid, fields of /proc/pid/stat after the command) of pid and its
+    children (a postmaster and its backends)."""
+    pid = str(pid)
     for p in os.listdir("/proc"):
         if not p.isdigit():
             continue
@@ -570,8 +570,18 @@ def tree_cpu_seconds(pid):
         except (OSError, IndexError):
             continue
         if p == pid or f[1] == pid:
-            total += int(f[11]) + int(f[12])
-    return total / os.sysconf("SC_CLK_TCK")
+            yield p, f
+
+
+def tree_pids(pid):
+    """pid and its children's pids, as strings."""
+    return [p for p, _ in _tree_stats(pid)]
+
+
+def tree_cpu_seconds(pid):
+    """user + system CPU seconds of pid and its children (a postmaster and its
+    backends), from /proc."""
+    return sum(int(f[11]) + int(f[12]) for _, f in _tree_stats(pid)) / os.sysconf("SC_CLK_TCK")
 
 
 def run_pgbench(args, host, port, dbname, seconds, logprefix=None, cwd=None, timeout_extra=60,

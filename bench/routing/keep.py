@@ -49,7 +49,6 @@ usage: keep.py [--orgs 1000] [--layout isolated|default] [--clients 32]
 functions in µs of CPU per transaction.)
 """
 import argparse
-import os
 import shutil
 import statistics
 import subprocess
@@ -118,21 +117,11 @@ def perf_start(a, pg, lk, d):
     (process, output file) or None."""
     if not a.perf:
         return None
-    if a.perf_of == "lokadb":
-        pids = [str(lk.pid)]
-    else:
-        pids = [p for p in os.listdir("/proc") if p.isdigit() and _ppid(p) == str(pg.pid)] + [str(pg.pid)]
+    pids = [str(lk.pid)] if a.perf_of == "lokadb" else bl.tree_pids(pg.pid)
     out = d / "perf.data"
     return subprocess.Popen(["perf", "record", "-q", "-e", "cpu-clock", "-F", str(PERF_HZ), "-p", ",".join(pids),
                              "-o", str(out), "--", "sleep", str(a.seconds)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), out
-
-
-def _ppid(p):
-    try:
-        return Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1]
-    except (OSError, IndexError):
-        return None
 
 
 def perf_top(a, rec, txns):
@@ -199,14 +188,14 @@ def one_run(a, pg, base, n, wl, mode):
         tps = pgbench(a.seconds)
         c1, n1 = cpu(), counts()
         txns = tps * a.seconds
-        cpu = {k: (c1[k] - c0[k]) / txns * 1e6 for k in c0}
+        meas = {k: (c1[k] - c0[k]) / txns * 1e6 for k in c0}
         dn = {k: n1[k] - n0[k] for k in n0}
-        cpu["parses"] = dn["server_parse_count"] / max(1, dn["bind_count"]) * 100
+        meas["parses"] = dn["server_parse_count"] / max(1, dn["bind_count"]) * 100
         held = [int(r["prepared_statements"]) for r in
                 bl.psql_dicts(pg, "SHOW SERVERS", "lokadb", port, host="127.0.0.1") if r["database"] == "bench"]
-        cpu["held"] = max(held, default=0)
-        cpu["perf"] = perf_top(a, rec, tps * a.seconds)
-        return tps, cpu
+        meas["held"] = max(held, default=0)
+        meas["perf"] = perf_top(a, rec, txns)
+        return tps, meas
     finally:
         bl.stop_pid(lk.pid, popen=lk)
 
@@ -264,14 +253,14 @@ def main():
             for r in range(a.rounds):
                 for m in bl.rotate(modes, r):
                     for n in (1, a.orgs):
-                        t, cpu = one_run(a, pg, base, n, wl, m)
+                        t, meas = one_run(a, pg, base, n, wl, m)
                         tps[m, n].append(t)
                         print(f"{wl:6s} round {r + 1} {m:3s} orgs {n:5d}: {t:8.0f} tps, CPU µs / txn lokadb "
-                              f"{cpu['lokadb']:.1f}, PostgreSQL {cpu['postgres']:.1f}"
-                              + (f", server Parses per 100 Binds {cpu['parses']:.1f}, at most "
-                                 f"{cpu['held']} statements on a server"
+                              f"{meas['lokadb']:.1f}, PostgreSQL {meas['postgres']:.1f}"
+                              + (f", server Parses per 100 Binds {meas['parses']:.1f}, at most "
+                                 f"{meas['held']} statements on a server"
                                  if a.protocol == "prepared" else ""), flush=True)
-                        for us, sym in cpu["perf"]:
+                        for us, sym in meas["perf"]:
                             print(f"{wl:6s}     perf {m:3s} orgs {n:5d}: {us:7.2f} µs  {sym}"
                                   + (" (lokadb)" if a.perf_of == "lokadb" else ""), flush=True)
             pairs = {}

@@ -1000,22 +1000,16 @@ static enum or_kind kind_of(const Node *n, bool *rewritable)
 		*rewritable = true;
 		return OR_K_DELETE;
 	case PG_QUERY__NODE__NODE_EXPLAIN_STMT: {
-		/* EXPLAIN of a SELECT is addressed like the SELECT: the plan shown is
-		 * the one the statement gets (for a moved organization, what
-		 * postgres_fdw pushes down to its site) */
+		/* EXPLAIN has its statement's kind. Of a SELECT it is addressed like
+		 * the SELECT: the plan shown is the one the statement gets (for a
+		 * moved organization, what postgres_fdw pushes down to its site). Of
+		 * a write it runs in a batch like the write, and gets its
+		 * organization there, on the table as written. */
 		const Node *q = n->explain_stmt->query;
-		bool dml_rewritable;
-		if (q && q->node_case == PG_QUERY__NODE__NODE_SELECT_STMT) {
-			*rewritable = !q->select_stmt->into_clause;
-			return OR_K_SELECT;
-		}
-		/* EXPLAIN of a write: its kind (it runs in a batch like the write,
-		 * and gets its organization there), on the table as written */
-		if (q && (q->node_case == PG_QUERY__NODE__NODE_INSERT_STMT ||
-			  q->node_case == PG_QUERY__NODE__NODE_UPDATE_STMT ||
-			  q->node_case == PG_QUERY__NODE__NODE_DELETE_STMT))
-			return kind_of(q, &dml_rewritable);
-		return OR_K_OTHER;
+		enum or_kind k = q ? kind_of(q, rewritable) : OR_K_OTHER;
+		if (k != OR_K_SELECT)
+			*rewritable = false;
+		return k;
 	}
 	case PG_QUERY__NODE__NODE_COPY_STMT: {
 		const PgQuery__CopyStmt *c = n->copy_stmt;
