@@ -1032,6 +1032,12 @@ static void analyze_stmt(struct an *x, const PgQuery__RawStmt *raw)
 		return;
 	x->st->kind = (uint8_t)kind_of(n, &rewritable);
 	x->st->rewritable = rewritable;
+	/* Utility statements on LokaDB tables that PostgreSQL runs as well behind
+	 * other messages of a batch (not VACUUM, CREATE DATABASE ... "cannot be
+	 * executed within a pipeline"): they may get their organization there. */
+	x->st->batchable = n->node_case == PG_QUERY__NODE__NODE_DECLARE_CURSOR_STMT ||
+			   n->node_case == PG_QUERY__NODE__NODE_LOCK_STMT ||
+			   n->node_case == PG_QUERY__NODE__NODE_CREATE_TABLE_AS_STMT;
 	x->st->ref0 = x->a->nrefs;
 	x->nctes = 0;
 	x->cte_overflow = false;

@@ -1345,19 +1345,23 @@ static bool may_hold(lk_client *c, const struct orc *x)
  * SELECT, INSERT, UPDATE or DELETE, also under EXPLAIN (analyze.c gives an
  * EXPLAIN its statement's kind); for a Parse or Bind also a COPY (the
  * core's extended messages go in front of it, ABI 1.9; an older core
- * refuses those). Not a statement that refuses blocks or a pipeline
- * (VACUUM, CREATE DATABASE), a COMMIT, a second statement of the client's:
- * those get the values in a Query of their own, or, inside a batch, not at
- * all.
+ * refuses those), and a DECLARE, LOCK or CREATE TABLE AS (batchable: in
+ * the extended protocol's batch they run as alone; not in front of a Query,
+ * whose implicit block would let a DECLARE or LOCK outside a transaction
+ * block run where alone it fails). Not a statement that refuses blocks or a
+ * pipeline (VACUUM, CREATE DATABASE), a COMMIT, a second statement of the
+ * client's: those get the values in a Query of their own, or, inside a
+ * batch, not at all.
  */
 static bool want_inline(lk_event *ev, const struct or_analysis *a)
 {
 	const struct or_stmt *st = &a->stmts[0];
-	int last = api->query_type(ev) == 'Q' ? OR_K_DELETE : OR_K_COPY_FROM;
+	bool q = api->query_type(ev) == 'Q';
+	int last = q ? OR_K_DELETE : OR_K_COPY_FROM;
 
 	return a->nstmts == 1 && !a->effects && !a->ends_txn && !a->parse_error && st->effect == OR_FX_NONE &&
-	       ((st->kind >= OR_K_SELECT && st->kind <= last) || a->executes) && LK_API_HAS(api, query_vars_inline) &&
-	       api->query_vars_inline(ev) == 0;
+	       ((st->kind >= OR_K_SELECT && st->kind <= last) || a->executes || (!q && st->batchable)) &&
+	       LK_API_HAS(api, query_vars_inline) && api->query_vars_inline(ev) == 0;
 }
 
 /* A message on LokaDB tables, or with session effects. */

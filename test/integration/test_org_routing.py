@@ -1121,6 +1121,51 @@ def test_an_explain_of_a_write_inside_a_batch_gets_its_organization(router):
     assert w.query("SELECT count(*) FROM documents WHERE title = 'x'").rows == [["0"]]
 
 
+def test_a_declare_lock_or_create_table_as_inside_a_batch_gets_its_organization(router):
+    """DECLARE, LOCK and CREATE TABLE AS on LokaDB tables run behind other
+    messages of a batch as alone: in the middle of a batch they get their
+    organization in front of them (they used to get none: the server kept the
+    batch's earlier one). The cursor reads its organization's rows."""
+    b = router()
+    w = b.login("app", USER)
+    one = Wire.bind_msg() + Wire.execute_msg()
+    setting = Wire.parse_msg(f"SELECT {SETTING}") + one
+    counts = {o: direct(b.pg, "SELECT count(*) FROM documents WHERE organization_id = %s", [o])[0][0]
+              for o in ORGS}
+    assert w.query("BEGIN").error is None
+    for o, other in ((3, 1), (ISOLATED, 3)):
+        first = Wire.parse_msg(f"SELECT count(*) FROM documents WHERE organization_id = {other}") + one
+        for stmt, tag in ((f"DECLARE c{o} CURSOR FOR SELECT id FROM documents WHERE organization_id = {o}",
+                           "DECLARE CURSOR"),
+                          (f"CREATE TEMP TABLE t{o} AS SELECT id FROM documents WHERE organization_id = {o}",
+                           f"SELECT {counts[o]}")):
+            w.send(first + Wire.parse_msg(stmt) + one + setting + Wire.sync_msg())
+            res = w.read_until_ready(timeout=5 * SLOW)
+            assert res.error is None, (stmt, res.error)
+            assert res.tags == ["SELECT 1", tag, "SELECT 1"], stmt
+            assert res.rows[-1] == [str(o)], stmt
+        assert w.query(f"SELECT count(*) FROM t{o}").rows == [[str(counts[o])]]
+        fetched = w.query(f"FETCH ALL FROM c{o}")
+        assert fetched.error is None and len(fetched.rows) == counts[o]
+    # LOCK names no organization: the session's goes in front of it
+    assert w.query("SET lokadb.org = '5'").error is None
+    w.send(Wire.parse_msg("SELECT count(*) FROM documents WHERE organization_id = 1") + one
+           + Wire.parse_msg("LOCK TABLE documents IN ACCESS SHARE MODE") + one + setting + Wire.sync_msg())
+    res = w.read_until_ready(timeout=5 * SLOW)
+    assert res.error is None, res.error
+    assert res.tags == ["SELECT 1", "LOCK TABLE", "SELECT 1"]
+    assert res.rows[-1] == ["5"]
+    assert w.query("ROLLBACK").error is None
+    # outside a block a DECLARE fails as it does alone, and the next statement is unharmed
+    w.send(Wire.parse_msg("SELECT count(*) FROM documents WHERE organization_id = 1") + one
+           + Wire.parse_msg("DECLARE d CURSOR FOR SELECT id FROM documents WHERE organization_id = 3") + one
+           + Wire.sync_msg())
+    res = w.read_until_ready(timeout=5 * SLOW)
+    assert res.error is not None and res.error.sqlstate == "25P01", res.error
+    assert w.query(f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = 3").rows == \
+        [["3", str(counts[3])]]
+
+
 def test_psycopg_pipelines_and_unnamed_statements_get_each_statements_organization(router):
     """What an ORM on psycopg sends: unnamed statements with the organization
     as a parameter, in pipelines, in transaction pooling with clients sharing
