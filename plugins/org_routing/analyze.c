@@ -1037,6 +1037,7 @@ static void analyze_stmt(struct an *x, const PgQuery__RawStmt *raw)
 	 * executed within a pipeline"): they may get their organization there. */
 	x->st->batchable = n->node_case == PG_QUERY__NODE__NODE_DECLARE_CURSOR_STMT ||
 			   n->node_case == PG_QUERY__NODE__NODE_LOCK_STMT ||
+			   n->node_case == PG_QUERY__NODE__NODE_TRUNCATE_STMT ||
 			   n->node_case == PG_QUERY__NODE__NODE_CREATE_TABLE_AS_STMT;
 	x->st->ref0 = x->a->nrefs;
 	x->nctes = 0;

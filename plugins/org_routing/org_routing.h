@@ -72,7 +72,8 @@ struct or_stmt {
 	bool is_local;		/* SET LOCAL / set_config(..., true) */
 	bool rewritable;	/* may be addressed to leaf partitions */
 	bool batchable;		/* a utility statement that runs the same behind other
-				 * messages of a batch (DECLARE, LOCK, CREATE TABLE AS) */
+				 * messages of a batch (DECLARE, LOCK, TRUNCATE, CREATE
+				 * TABLE AS) */
 	int ref0, nrefs;	/* its LokaDB table occurrences in or_analysis.refs */
 	struct or_term val;	/* OR_FX_SET_ORG: the value; OR_FX_SET_PATH: value = the path */
 };

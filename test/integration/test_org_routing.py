@@ -1121,8 +1121,8 @@ def test_an_explain_of_a_write_inside_a_batch_gets_its_organization(router):
     assert w.query("SELECT count(*) FROM documents WHERE title = 'x'").rows == [["0"]]
 
 
-def test_a_declare_lock_or_create_table_as_inside_a_batch_gets_its_organization(router):
-    """DECLARE, LOCK and CREATE TABLE AS on LokaDB tables run behind other
+def test_a_declare_lock_truncate_or_create_table_as_inside_a_batch_gets_its_organization(router):
+    """DECLARE, LOCK, TRUNCATE and CREATE TABLE AS on LokaDB tables run behind other
     messages of a batch as alone: in the middle of a batch they get their
     organization in front of them (they used to get none: the server kept the
     batch's earlier one). The cursor reads its organization's rows."""
@@ -1155,7 +1155,15 @@ def test_a_declare_lock_or_create_table_as_inside_a_batch_gets_its_organization(
     assert res.error is None, res.error
     assert res.tags == ["SELECT 1", "LOCK TABLE", "SELECT 1"]
     assert res.rows[-1] == ["5"]
+    # so does TRUNCATE (rolled back with the block below)
+    w.send(Wire.parse_msg("SELECT count(*) FROM documents WHERE organization_id = 1") + one
+           + Wire.parse_msg("TRUNCATE versions") + one + setting + Wire.sync_msg())
+    res = w.read_until_ready(timeout=5 * SLOW)
+    assert res.error is None, res.error
+    assert res.tags == ["SELECT 1", "TRUNCATE TABLE", "SELECT 1"]
+    assert res.rows[-1] == ["5"]
     assert w.query("ROLLBACK").error is None
+    assert w.query("SELECT count(*) > 0 FROM versions").rows == [["t"]]
     # outside a block a DECLARE fails as it does alone, and the next statement is unharmed
     w.send(Wire.parse_msg("SELECT count(*) FROM documents WHERE organization_id = 1") + one
            + Wire.parse_msg("DECLARE d CURSOR FOR SELECT id FROM documents WHERE organization_id = 3") + one
