@@ -1147,21 +1147,17 @@ def test_a_declare_lock_truncate_or_create_table_as_inside_a_batch_gets_its_orga
         assert w.query(f"SELECT count(*) FROM t{o}").rows == [[str(counts[o])]]
         fetched = w.query(f"FETCH ALL FROM c{o}")
         assert fetched.error is None and len(fetched.rows) == counts[o]
-    # LOCK names no organization: the session's goes in front of it
+    # LOCK and TRUNCATE (rolled back with the block below) name no
+    # organization: the session's goes in front of them
     assert w.query("SET lokadb.org = '5'").error is None
-    w.send(Wire.parse_msg("SELECT count(*) FROM documents WHERE organization_id = 1") + one
-           + Wire.parse_msg("LOCK TABLE documents IN ACCESS SHARE MODE") + one + setting + Wire.sync_msg())
-    res = w.read_until_ready(timeout=5 * SLOW)
-    assert res.error is None, res.error
-    assert res.tags == ["SELECT 1", "LOCK TABLE", "SELECT 1"]
-    assert res.rows[-1] == ["5"]
-    # so does TRUNCATE (rolled back with the block below)
-    w.send(Wire.parse_msg("SELECT count(*) FROM documents WHERE organization_id = 1") + one
-           + Wire.parse_msg("TRUNCATE versions") + one + setting + Wire.sync_msg())
-    res = w.read_until_ready(timeout=5 * SLOW)
-    assert res.error is None, res.error
-    assert res.tags == ["SELECT 1", "TRUNCATE TABLE", "SELECT 1"]
-    assert res.rows[-1] == ["5"]
+    for stmt, tag in (("LOCK TABLE documents IN ACCESS SHARE MODE", "LOCK TABLE"),
+                      ("TRUNCATE versions", "TRUNCATE TABLE")):
+        w.send(Wire.parse_msg("SELECT count(*) FROM documents WHERE organization_id = 1") + one
+               + Wire.parse_msg(stmt) + one + setting + Wire.sync_msg())
+        res = w.read_until_ready(timeout=5 * SLOW)
+        assert res.error is None, (stmt, res.error)
+        assert res.tags == ["SELECT 1", tag, "SELECT 1"], stmt
+        assert res.rows[-1] == ["5"], stmt
     assert w.query("ROLLBACK").error is None
     assert w.query("SELECT count(*) > 0 FROM versions").rows == [["t"]]
     # outside a block a DECLARE fails as it does alone, and the next statement is unharmed
