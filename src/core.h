@@ -55,7 +55,6 @@
 #define JANITOR_PERIOD_USEC 200000
 #define CLIENT_STRS 128		/* bytes of a client's user, dbname and secret kept without malloc */
 #define AFF_SLOTS 32			/* affinity keys a server remembers at most */
-#define AFF_KNOWN_SLOTS 4096		/* a server's table of the keys it served: at most half used */
 
 /* ParameterStatus values the pooler keeps equal between client and server. */
 enum var_id { VAR_CLIENT_ENCODING, VAR_DATESTYLE, VAR_TIMEZONE, VAR_STD_STRINGS, VAR_APPNAME, VAR_INTERVALSTYLE, VAR_COUNT };
@@ -278,8 +277,6 @@ struct server {
 	struct lk_connect *conn_req;	/* plugin transport connect in progress */
 	uint64_t aff[AFF_SLOTS];	/* affinity keys of the clients it served, oldest first */
 	uint8_t n_aff;
-	uint32_t known_cap, known_n;	/* every affinity key it served (up to AFF_KNOWN_SLOTS / 2): */
-	uint64_t *known;		/* its backend has their partitions open (open addressing, 0 = free) */
 	struct tvars *tvars;		/* session values plugins asked for (query_set_var), plugin.c */
 };
 
@@ -328,7 +325,7 @@ struct pool {
 	bool has_scram_keys;
 	struct aff_map *aff;		/* affinity keys -> home index (pool.c); NULL until a key comes */
 	uint64_t aff_home_count, aff_known_count, aff_away_count;	/* clients with a key given their home server,
-								 * another that served the key before, another */
+								 * another that served the key lately, another */
 };
 
 TAILQ_HEAD(db_list, lk_db);

@@ -201,7 +201,7 @@ static void write_pools(struct evbuffer *out)
 	}
 	family(out, "lokadb_pools_affinity_assignments_total", true,
 	       "Servers given to clients with an affinity key (a plugin's, e.g. org_routing's organization): "
-	       "placement=\"home\" the key's home server, \"known\" another one that served the key before, "
+	       "placement=\"home\" the key's home server, \"known\" another one that served the key lately (one of its last max_per_server keys), "
 	       "\"away\" another one that had not.");
 	for (struct pool *p = TAILQ_FIRST(&rt->pools); p; p = TAILQ_NEXT(p, entry)) {
 		const char *home[] = { "database", p->db->name, "user", p->user, "placement", "home", NULL };

@@ -446,43 +446,19 @@ static uint32_t key_slot(const uint64_t *keys, uint32_t cap, uint64_t key)
 	return i;
 }
 
-/* Has s served key, lately (aff[]) or ever (known, while there was room)? */
+/*
+ * Has s served key lately: is it among the last max_per_server keys s
+ * served (aff[])? Only those count as its own besides its home's: a server
+ * that took every key it ever served as its own took more and more keys
+ * away from their homes, until each backend worked on the partitions of
+ * most organizations (doc/benchmarks.md, "A server's own organizations").
+ */
 static bool server_has_key(const struct server *s, uint64_t key)
 {
 	for (int i = 0; i < s->n_aff; i++)
 		if (s->aff[i] == key)
 			return true;
-	return s->known_n > 0 && s->known[key_slot(s->known, s->known_cap, key)] == key;
-}
-
-/*
- * Remember that s served key: its backend has opened the key's partitions,
- * so another statement of that key costs it nothing new (waiting_for,
- * idle_server_for). Up to AFF_KNOWN_SLOTS / 2 keys (2,048, 32 KB); beyond,
- * only aff[] says.
- */
-static void server_know_key(struct server *s, uint64_t key)
-{
-	uint32_t i;
-
-	if ((s->known_n + 1) * 2 > s->known_cap) {
-		uint32_t cap = s->known_cap ? s->known_cap * 2 : 64;
-		uint64_t *old = s->known, *nk;
-
-		if (cap > AFF_KNOWN_SLOTS || !(nk = calloc(cap, sizeof(*nk))))
-			return;
-		for (uint32_t j = 0; j < s->known_cap; j++)
-			if (old[j])
-				nk[key_slot(nk, cap, old[j])] = old[j];
-		free(old);
-		s->known = nk;
-		s->known_cap = cap;
-	}
-	i = key_slot(s->known, s->known_cap, key);
-	if (!s->known[i]) {
-		s->known[i] = key;
-		s->known_n++;
-	}
+	return false;
 }
 
 /*
@@ -690,10 +666,10 @@ static bool alone_in_pool(const struct pool *p, const struct client *c)
 /*
  * An idle server for a client that does not wait yet. With an affinity key
  * (a plugin's, e.g. the organization): the idle server used last if it is
- * the key's home or served the key before (server_has_key: its backend has
+ * the key's home or served the key lately (server_has_key: its backend has
  * the key's partitions open, and the backend used last is the warmest) or
  * the client is alone in its pool (alone_in_pool),
- * else the key's home server, else one that served the key before; if the
+ * else the key's home server, else one that served the key lately; if the
  * home server is open but busy, NULL and *hold: the client waits for it
  * (may_leave_home, pool_activate). Sets c->aff_home (-1 without a key) for
  * pool_link and the wait. The home server is looked for by its index alone
@@ -733,19 +709,16 @@ static struct server *idle_server_for(struct pool *p, struct client *c, bool *ho
 }
 
 /*
- * The waiting client an idle server s takes: the oldest if s served its key
- * before (server_has_key), else the first of the next AFF_SCAN whose key is
- * at home on s or who has no key, else the first s served before, else the
- * oldest if it may leave its home (may_leave_home), else nobody: s stays
- * idle for a client of its own.
+ * The waiting client an idle server s takes: the first of the AFF_SCAN
+ * oldest whose key is at home on s or who has no key, else the first whose
+ * key s served lately (server_has_key), else the oldest if it may leave its
+ * home (may_leave_home), else nobody: s stays idle for a client of its own.
  */
 static struct client *waiting_for(struct pool *p, struct server *s)
 {
 	struct client *head = TAILQ_FIRST(&p->waiting_clients), *c, *served = NULL;
 	int n = 0, crowd = 0;
 
-	if (head && head->affinity && head->aff_home != s->home && server_has_key(s, head->affinity))
-		return head;	/* the oldest, and s opens nothing new for it */
 	for (c = head; c && n < AFF_SCAN; c = TAILQ_NEXT(c, entry), n++) {
 		if (!c->affinity || c->aff_home == s->home)
 			break;
@@ -798,7 +771,6 @@ static void server_note_key(struct server *s, uint64_t key, int max)
 	for (int i = 0; i < s->n_aff; i++)
 		if (s->aff[i] == key)
 			return;
-	server_know_key(s, key);
 	while (s->n_aff >= max) {
 		memmove(s->aff, s->aff + 1, sizeof(s->aff[0]) * (size_t)(s->n_aff - 1));
 		s->n_aff--;

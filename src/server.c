@@ -177,9 +177,6 @@ void server_close(struct server *s, const char *reason, ...)
 void server_free_now(struct server *s)
 {
 	plugin_server_free(s);
-	free(s->known);
-	s->known = NULL;
-	s->known_cap = s->known_n = 0;
 	if (s->bev) {
 		conn_free(&s->io, s->bev);
 		s->bev = NULL;

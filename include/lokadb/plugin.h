@@ -354,14 +354,14 @@ struct lk_api {
 	/* Server affinity: when the client next needs a server, the pool prefers
 	 * the home server of `key` (e.g. an organization id: the pool assigns
 	 * each new key to the server index with the fewest keys, for good), else
-	 * an idle server that served `key` before, else an idle one. While
+	 * an idle server that served `key` lately, else an idle one. While
 	 * other clients wait, it waits for its home server instead, until more
 	 * than half of the waiting clients want the same home (an uneven load),
 	 * its home server has served one client for 10 ms, or 50 ms have
 	 * passed; a server that comes free goes to a waiting client of its home
-	 * first, then to one whose key it served before (doc/plugins.md). Each
-	 * server remembers its last max_per_server keys (1..32) and up to 2,048
-	 * keys it ever served. key NULL: no preference. */
+	 * first, then to one whose key it served lately (doc/plugins.md). "Lately":
+	 * the key is one of the last max_per_server keys (1..32) the server
+	 * served. key NULL: no preference. */
 	void (*client_set_affinity)(lk_client *c, const char *key, int max_per_server);
 
 	/* ---- ABI 1.2 ---- */

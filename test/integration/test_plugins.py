@@ -892,6 +892,17 @@ def _queue_two(b, first, second, second_sql=b"select pg_backend_pid()\0"):
     return w1, w2
 
 
+def _three_homes(bouncer_factory, max_per_server, holders=("org-a", "org-b", "org-c")):
+    """A pool of 3 servers, keys org-a, org-b and org-c each at home on one:
+    (lokadb, pid of each key's home backend, a connection per holder)."""
+    b = hooks(bouncer_factory, {"affinity_max": str(max_per_server)},
+              settings={"pool_mode": "transaction", "default_pool_size": 3})
+    seen = _pids_by_app(b, ["org-a", "org-b", "org-c"], 1)
+    pid = {a: v[0] for a, v in seen.items()}
+    assert len(set(pid.values())) == 3, seen
+    return b, pid, {a: b.connect("p0", "pooluser1", application_name=a) for a in holders}
+
+
 def test_affinity_a_client_waiting_for_its_busy_home_takes_another_server_soon(bouncer_factory):
     """Three keys, three servers, each key at home on one. Keys A and B keep
     their servers in open transactions; a second A and a second B wait. When
@@ -918,25 +929,20 @@ def test_affinity_a_client_waiting_for_its_busy_home_takes_another_server_soon(b
         c.close()
 
 
-def test_affinity_a_free_server_goes_first_to_a_waiting_key_it_served_before(bouncer_factory):
-    """A server remembers only its last key as recent (affinity_max 1) but
-    knows every key it ever served: its backend has that key's partitions
-    open already, so a waiting client of such a key takes it before an older
-    waiting client whose key it never served (whose statement would make the
-    backend open more partitions)."""
-    b = hooks(bouncer_factory, {"affinity_max": "1"},
-              settings={"pool_mode": "transaction", "default_pool_size": 3})
-    seen = _pids_by_app(b, ["org-a", "org-b", "org-c"], 1)
-    pid = {a: v[0] for a, v in seen.items()}
-    assert len(set(pid.values())) == 3, seen
-    hold = {a: b.connect("p0", "pooluser1", application_name=a) for a in ("org-a", "org-b")}
+def test_affinity_a_free_server_goes_first_to_a_waiting_key_it_served_lately(bouncer_factory):
+    """A server's own keys are its home's and its last max_per_server ones
+    (2 here): its backend has their partitions open already, so a waiting
+    client of such a key takes it before an older waiting client whose key
+    it never served (whose statement would make the backend open more
+    partitions)."""
+    b, pid, hold = _three_homes(bouncer_factory, 2, ("org-a", "org-b"))
     for a, c in hold.items():
         c.execute("begin")
         assert c.execute("select pg_backend_pid()").fetchone()[0] == pid[a]
     # nobody waits: another org-a client takes the idle server, org-c's home
     with b.connect("p0", "pooluser1", application_name="org-a") as a1:
         assert a1.execute("select pg_backend_pid()").fetchone()[0] == pid["org-c"]
-    # org-c's server serves org-c again: org-a is no longer its recent key
+    # org-c's server serves org-c again: org-a stays one of its last two keys
     hold["org-c"] = b.connect("p0", "pooluser1", application_name="org-c")
     hold["org-c"].execute("begin")
     assert hold["org-c"].execute("select pg_backend_pid()").fetchone()[0] == pid["org-c"]
@@ -954,18 +960,12 @@ def test_affinity_a_free_server_goes_first_to_a_waiting_key_it_served_before(bou
 
 
 def test_affinity_a_warm_server_that_served_the_key_goes_before_its_home(bouncer_factory):
-    """A server that served a key before has that key's partitions open: the
-    idle server used last takes such a key's statement rather than the key's
-    own idle home (one client with many keys then stays on one warm backend
-    instead of moving at every statement), and a server that comes free
-    goes to the oldest waiting client whose key it served before, ahead of a
-    younger client at home on it."""
-    b = hooks(bouncer_factory, {"affinity_max": "1"},
-              settings={"pool_mode": "transaction", "default_pool_size": 3})
-    seen = _pids_by_app(b, ["org-a", "org-b", "org-c"], 1)
-    pid = {a: v[0] for a, v in seen.items()}
-    assert len(set(pid.values())) == 3, seen
-    hold = {a: b.connect("p0", "pooluser1", application_name=a) for a in ("org-a", "org-b", "org-c")}
+    """A server that served a key lately (one of its last max_per_server
+    keys) has that key's partitions open: the idle server used last takes
+    such a key's statement rather than the key's own idle home (one client
+    with a few keys then stays on one warm backend instead of moving at
+    every statement)."""
+    b, pid, hold = _three_homes(bouncer_factory, 2)
     for a in ("org-a", "org-b"):
         hold[a].execute("begin")
         assert hold[a].execute("select pg_backend_pid()").fetchone()[0] == pid[a]
@@ -976,7 +976,7 @@ def test_affinity_a_warm_server_that_served_the_key_goes_before_its_home(bouncer
         hold[a].execute("commit")
     # org-c's statement makes its home the idle server used last
     assert hold["org-c"].execute("select pg_backend_pid()").fetchone()[0] == pid["org-c"]
-    # org-a's home is idle, but the warm server used last served org-a before
+    # org-a's home is idle, but the warm server used last served org-a lately
     with b.connect("p0", "pooluser1", application_name="org-a") as a1:
         assert a1.execute("select pg_backend_pid()").fetchone()[0] == pid["org-c"]
         # ... and its home server is still its home when the warm one is not idle
@@ -985,16 +985,56 @@ def test_affinity_a_warm_server_that_served_the_key_goes_before_its_home(bouncer
         with b.connect("p0", "pooluser1", application_name="org-a") as a2:
             assert a2.execute("select pg_backend_pid()").fetchone()[0] == pid["org-a"]
         a1.execute("commit")
-    # every server busy; an org-a client waits, then an org-c client (at home on org-c's server)
-    for a in ("org-c", "org-a", "org-b"):         # org-c first: org-c's server also knows org-a
+    for c in hold.values():
+        c.close()
+
+
+def test_affinity_a_server_forgets_keys_beyond_its_last_max_per_server(bouncer_factory):
+    """max_per_server 1: org-c's server serves org-a once (org-a's home
+    busy), then org-c again. org-a is no longer one of its keys: its next
+    statement goes to its idle home, although org-c's server is the idle one
+    used last. So a server's own keys stay bounded, and its backend does not
+    gather the partitions of every organization it ever served."""
+    b, pid, hold = _three_homes(bouncer_factory, 1)
+    for a in ("org-a", "org-b"):                    # org-b's server stays busy throughout
         hold[a].execute("begin")
         assert hold[a].execute("select pg_backend_pid()").fetchone()[0] == pid[a]
-    a2, c2 = _queue_two(b, "org-a", "org-c")
-    hold["org-c"].execute("commit")                 # org-c's server, which served org-a, is free
-    assert a2.read_until_ready(timeout=5).rows == [[str(pid["org-c"])]]
+    with b.connect("p0", "pooluser1", application_name="org-a") as a1:
+        assert a1.execute("select pg_backend_pid()").fetchone()[0] == pid["org-c"]
+    hold["org-a"].execute("commit")
+    assert hold["org-c"].execute("select pg_backend_pid()").fetchone()[0] == pid["org-c"]
+    assert hold["org-a"].execute("select pg_backend_pid()").fetchone()[0] == pid["org-a"]
+    hold["org-b"].execute("commit")
+    for c in hold.values():
+        c.close()
+
+
+def test_affinity_a_server_that_comes_free_goes_to_a_client_of_its_home_first(bouncer_factory):
+    """Every server busy; a client of key A waits, then a client of key C.
+    When C's server comes free it goes to the C client, although the A
+    client waits longer and C's server served A lately: taking A would
+    widen the set of organizations that backend works on, and such sets grew
+    until every backend worked on most organizations. The A client gets the
+    next server that comes free."""
+    b, pid, hold = _three_homes(bouncer_factory, 2)
+    # org-c's server serves org-a once (org-a's home busy)
+    hold["org-a"].execute("begin")
+    assert hold["org-a"].execute("select pg_backend_pid()").fetchone()[0] == pid["org-a"]
+    with b.connect("p0", "pooluser1", application_name="org-a") as a1:
+        assert a1.execute("select pg_backend_pid()").fetchone()[0] == pid["org-c"]
+    hold["org-a"].execute("commit")
+    for a in ("org-c", "org-a", "org-b"):
+        hold[a].execute("begin")
+        assert hold[a].execute("select pg_backend_pid()").fetchone()[0] == pid[a]
+    a2, c2 = _queue_two(b, "org-a", "org-c", second_sql=b"begin; select pg_backend_pid()\0")
+    hold["org-c"].execute("commit")                 # org-c's server is free
     assert c2.read_until_ready(timeout=5).rows == [[str(pid["org-c"])]]
-    for a in ("org-a", "org-b"):
-        hold[a].execute("commit")
+    assert _waiting(b) == 1                         # org-a still waits: every server is busy
+    hold["org-b"].execute("commit")                 # the next free server goes to org-a
+    assert a2.read_until_ready(timeout=5).rows == [[str(pid["org-b"])]]
+    c2.send_msg(b"Q", b"commit\0")
+    assert c2.read_until_ready(timeout=5).error is None
+    hold["org-a"].execute("commit")
     for c in hold.values():
         c.close()
 
