@@ -448,7 +448,7 @@ static uint32_t key_slot(const uint64_t *keys, uint32_t cap, uint64_t key)
 
 /*
  * Has s served key lately: is it among the last max_per_server keys s
- * served (aff[])? Only those count as its own besides its home's: a server
+ * took up (aff[], server_note_key)? Only those count as its own besides its home's: a server
  * that took every key it ever served as its own took more and more keys
  * away from their homes, until each backend worked on the partitions of
  * most organizations (doc/benchmarks.md, "A server's own organizations").
@@ -763,14 +763,14 @@ static void aff_hold_arm(struct pool *p)
 	evtimer_add(m->hold_ev, &tv);
 }
 
-/* Remember the key on the server; a full set forgets its oldest key. */
+/* Remember the key on the server; a full set forgets its oldest key (a key
+ * served again keeps its place). */
 static void server_note_key(struct server *s, uint64_t key, int max)
 {
 	if (max < 1 || max > AFF_SLOTS)
 		max = AFF_SLOTS;
-	for (int i = 0; i < s->n_aff; i++)
-		if (s->aff[i] == key)
-			return;
+	if (server_has_key(s, key))
+		return;
 	while (s->n_aff >= max) {
 		memmove(s->aff, s->aff + 1, sizeof(s->aff[0]) * (size_t)(s->n_aff - 1));
 		s->n_aff--;

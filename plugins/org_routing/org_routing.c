@@ -1347,11 +1347,11 @@ static bool may_hold(lk_client *c, const struct orc *x)
  * core's extended messages go in front of it, ABI 1.9; an older core
  * refuses those), and a DECLARE, LOCK, TRUNCATE or CREATE TABLE AS
  * (batchable: in the extended protocol's batch they run as alone; not in
- * front of a Query, whose implicit block would let a DECLARE or LOCK outside
- * a transaction block run where alone it fails). Not a statement that refuses blocks or a
- * pipeline (VACUUM, CREATE DATABASE), a COMMIT, a second statement of the
- * client's: those get the values in a Query of their own, or, inside a
- * batch, not at all.
+ * front of a Query, whose implicit block would let a DECLARE or LOCK
+ * outside a transaction block run where alone it fails). Not a statement
+ * that refuses blocks or a pipeline (VACUUM, CREATE DATABASE), a COMMIT, a
+ * second statement of the client's: those get the values in a Query of
+ * their own, or, inside a batch, not at all.
  */
 static bool want_inline(lk_event *ev, const struct or_analysis *a)
 {
