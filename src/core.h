@@ -275,7 +275,7 @@ struct server {
 	bool throttled;
 	void **pctx;			/* per-plugin context slots */
 	struct lk_connect *conn_req;	/* plugin transport connect in progress */
-	uint64_t aff[AFF_SLOTS];	/* affinity keys of the clients it served, oldest first */
+	uint64_t aff[AFF_SLOTS];	/* affinity keys it served last, the newest last */
 	uint8_t n_aff;
 	struct tvars *tvars;		/* session values plugins asked for (query_set_var), plugin.c */
 };

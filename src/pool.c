@@ -763,18 +763,30 @@ static void aff_hold_arm(struct pool *p)
 	evtimer_add(m->hold_ev, &tv);
 }
 
-/* Remember the key on the server; a full set forgets its oldest key (a key
- * served again keeps its place). */
+/* Drop s->aff[i], keeping the order of the others. */
+static void server_drop_key(struct server *s, int i)
+{
+	memmove(s->aff + i, s->aff + i + 1, sizeof(s->aff[0]) * (size_t)(s->n_aff - i - 1));
+	s->n_aff--;
+}
+
+/* Remember the key on the server as the one it served last: a key served
+ * again moves to the newest place, and a full set forgets the key it served
+ * longest ago, so aff[] holds the last max distinct keys it served. */
 static void server_note_key(struct server *s, uint64_t key, int max)
 {
+	int i;
+
 	if (max < 1 || max > AFF_SLOTS)
 		max = AFF_SLOTS;
-	if (server_has_key(s, key))
-		return;
-	while (s->n_aff >= max) {
-		memmove(s->aff, s->aff + 1, sizeof(s->aff[0]) * (size_t)(s->n_aff - 1));
-		s->n_aff--;
-	}
+	for (i = s->n_aff - 1; i >= 0 && s->aff[i] != key; i--)
+		;
+	if (i == s->n_aff - 1 && i >= 0 && s->n_aff <= max)
+		return;			/* the newest already: the common case */
+	if (i >= 0)
+		server_drop_key(s, i);
+	while (s->n_aff >= max)
+		server_drop_key(s, 0);
 	s->aff[s->n_aff++] = key;
 }
 

@@ -360,8 +360,8 @@ struct lk_api {
 	 * its home server has served one client for 10 ms, or 50 ms have
 	 * passed; a server that comes free goes to a waiting client of its home
 	 * first, then to one whose key it served lately (doc/plugins.md). "Lately":
-	 * the key is one of the last max_per_server keys (1..32) the server
-	 * served. key NULL: no preference. */
+	 * the key is one of the last max_per_server distinct keys (1..32) the
+	 * server served. key NULL: no preference. */
 	void (*client_set_affinity)(lk_client *c, const char *key, int max_per_server);
 
 	/* ---- ABI 1.2 ---- */

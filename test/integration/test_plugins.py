@@ -1009,6 +1009,29 @@ def test_affinity_a_server_forgets_keys_beyond_its_last_max_per_server(bouncer_f
         c.close()
 
 
+def test_affinity_a_key_served_again_is_the_newest_a_server_remembers(bouncer_factory):
+    """max_per_server 2. With org-a's and org-b's homes busy, org-c's server
+    serves org-a, org-b, then org-a again, then its own org-c: its last two
+    distinct keys are org-a and org-c. org-a, served again, became the
+    newest, so org-c pushed out org-b, not org-a (a set that kept each key
+    at the place it first took forgot org-a here, the key it served most)."""
+    b, pid, hold = _three_homes(bouncer_factory, 2)
+    for a in ("org-a", "org-b"):                    # both homes busy
+        hold[a].execute("begin")
+        assert hold[a].execute("select pg_backend_pid()").fetchone()[0] == pid[a]
+    for a in ("org-a", "org-b", "org-a"):
+        with b.connect("p0", "pooluser1", application_name=a) as c:
+            assert c.execute("select pg_backend_pid()").fetchone()[0] == pid["org-c"], a
+    hold["org-a"].execute("commit")                 # org-a's home is idle now
+    assert hold["org-c"].execute("select pg_backend_pid()").fetchone()[0] == pid["org-c"]
+    # org-c's server is the idle server used last and still knows org-a
+    with b.connect("p0", "pooluser1", application_name="org-a") as c:
+        assert c.execute("select pg_backend_pid()").fetchone()[0] == pid["org-c"]
+    hold["org-b"].execute("commit")
+    for c in hold.values():
+        c.close()
+
+
 def test_affinity_a_server_that_comes_free_goes_to_a_client_of_its_home_first(bouncer_factory):
     """Every server busy; a client of key A waits, then a client of key C.
     When C's server comes free it goes to the C client, although the A
