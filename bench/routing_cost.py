@@ -669,8 +669,10 @@ def check_memory():
                            f"organizations)")
 
 
-def backend_memory(pg):
-    """(client backends of DBNAME, their RssAnon in MB in all, the largest) from /proc."""
+def backend_memory(pg, db=None):
+    """(client backends of database db, default DBNAME, their RssAnon in MB in
+    all, the largest) from /proc."""
+    db = db or DBNAME
     if pg.pid is None:
         return None
     n, total, top = 0, 0.0, 0.0
@@ -682,7 +684,7 @@ def backend_memory(pg):
             if int(stat.rsplit(")", 1)[1].split()[1]) != pg.pid:
                 continue
             cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            if f" {DBNAME} " not in cmd:
+            if f" {db} " not in cmd:
                 continue
             kb = 0
             for line in (d / "status").read_text().splitlines():

@@ -96,6 +96,7 @@ struct lk_stats {
 	uint64_t bytes_received, bytes_sent;
 	uint64_t xact_time, query_time, wait_time;	/* usec */
 	uint64_t client_parse_count, server_parse_count, bind_count;	/* prepared statements */
+	uint64_t server_evict_count;	/* statements a server connection closed to make room */
 };
 
 /* Write-through state of a connection's output (util.c). */
@@ -319,6 +320,7 @@ struct pool {
 	usec_t last_connect_fail;	/* monotonic */
 	char *last_error;
 	struct lk_stats stats, prev_stats, avg;
+	usec_t evict_warned_at;		/* the last "max_prepared_statements is short" line (pool.c) */
 	usec_t last_used;
 	int mode;			/* cached pool_mode_of(); refreshed on reload and SET */
 	uint8_t scram_keys[64];		/* a client's ClientKey + ServerKey for login_password */

@@ -1332,6 +1332,32 @@ void pool_janitor(void)
 
 /* ---- stats ---- */
 
+#define EVICT_WARN_SHARE	10		/* percent of the Binds of a stats_period */
+#define EVICT_WARN_MIN_BINDS	100
+#define EVICT_WARN_EVERY	(600 * USEC)
+
+/*
+ * A pool whose server connections closed statements to make room for at
+ * least one Bind in ten of the last stats_period parses them again and again:
+ * say so in the log (at most every 10 minutes per pool), with the setting
+ * that cures it. With org_routing and isolated organizations one statement
+ * of the application is one per organization on the server.
+ */
+static void warn_evictions(struct pool *p, const struct lk_stats *cur, const struct lk_stats *prev, usec_t now)
+{
+	uint64_t de = cur->server_evict_count - prev->server_evict_count, db = cur->bind_count - prev->bind_count;
+
+	if (db < EVICT_WARN_MIN_BINDS || de * 100 < db * EVICT_WARN_SHARE ||
+	    (p->evict_warned_at && now - p->evict_warned_at < EVICT_WARN_EVERY))
+		return;
+	p->evict_warned_at = now;
+	log_warning("pool %s/%s: %llu prepared statements closed on server connections to make room, for %llu Binds "
+		    "in the last stats_period: max_prepared_statements = %d is short, and they are parsed again when "
+		    "they come back; raise it (a statement on an isolated organization's leaves counts once per "
+		    "organization)",
+		    p->db->name, p->user, (unsigned long long)de, (unsigned long long)db, rt->cf->max_prepared_statements);
+}
+
 void pool_stats_tick(void)
 {
 	struct pool *p;
@@ -1357,6 +1383,7 @@ void pool_stats_tick(void)
 		avg->client_parse_count = (uint64_t)((cur->client_parse_count - prev->client_parse_count) / secs);
 		avg->server_parse_count = (uint64_t)((cur->server_parse_count - prev->server_parse_count) / secs);
 		avg->bind_count = (uint64_t)((cur->bind_count - prev->bind_count) / secs);
+		warn_evictions(p, cur, prev, now_mono());
 		if (rt->cf->log_stats && (dx || dq))
 			log_info("stats: %s/%s %llu xacts/s, %llu queries/s, in %llu B/s, out %llu B/s, xact %llu us, query %llu us, wait %llu us",
 				 p->db->name, p->user, (unsigned long long)avg->xact_count, (unsigned long long)avg->query_count,

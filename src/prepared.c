@@ -656,6 +656,7 @@ static bool srv_make_room(struct server *s)
 		pkt_close(&rt->pb, 'S', st->e->name);
 		pkt_send(&rt->pb, bufferevent_get_output(s->bev));
 		sstmt_del(s, st);
+		s->pool->stats.server_evict_count++;
 	}
 	return true;
 }

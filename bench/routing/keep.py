@@ -31,7 +31,8 @@ gives the Parses lokadb sent PostgreSQL per 100 Binds of its clients
 and stops it. A round runs each mode on 1 then N organizations;
 the order of the modes rotates from one round to the next. The report
 gives every run with the CPU of lokadb and of PostgreSQL per transaction
-(/proc), and per mode the median tps of each layout, their ratio, and the
+(/proc) and the private memory (RssAnon) of the database's backends after
+it, and per mode the median tps of each layout, their ratio, and the
 ratio of each round's pair (N after 1, a few seconds apart) with its
 median: the figure least moved by a machine whose speed drifts. With
 `off` and another mode it also gives, round by round, that mode's round
@@ -194,6 +195,7 @@ def one_run(a, pg, base, n, wl, mode):
         held = [int(r["prepared_statements"]) for r in
                 bl.psql_dicts(pg, "SHOW SERVERS", "lokadb", port, host="127.0.0.1") if r["database"] == "bench"]
         meas["held"] = max(held, default=0)
+        meas["memory"] = rc.backend_memory(pg, dbname(a.layout, n))
         meas["perf"] = perf_top(a, rec, txns)
         return tps, meas
     finally:
@@ -259,7 +261,9 @@ def main():
                               f"{meas['lokadb']:.1f}, PostgreSQL {meas['postgres']:.1f}"
                               + (f", server Parses per 100 Binds {meas['parses']:.1f}, at most "
                                  f"{meas['held']} statements on a server"
-                                 if a.protocol == "prepared" else ""), flush=True)
+                                 if a.protocol == "prepared" else "")
+                              + (", backends' private memory (RssAnon) {1:.0f} MB in all, {2:.0f} MB the largest"
+                                 .format(*meas["memory"]) if meas["memory"] else ""), flush=True)
                         for us, sym in meas["perf"]:
                             print(f"{wl:6s}     perf {m:3s} orgs {n:5d}: {us:7.2f} µs  {sym}"
                                   + (" (lokadb)" if a.perf_of == "lokadb" else ""), flush=True)

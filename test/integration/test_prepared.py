@@ -8,6 +8,7 @@ import os
 import re
 import struct
 import subprocess
+import time
 
 import pytest
 
@@ -366,6 +367,34 @@ def test_max_prepared_statements_2_evicts_and_reprepares_with_right_results(boun
     assert int(w.scalar("select count(*) from pg_prepared_statements")) <= 2
     assert console_row(b, "servers", lambda r: r["prepared_statements"] == "2")
     assert console_row(b, "clients", lambda r: r["prepared_statements"] == str(n))
+    w.close()
+
+
+def test_a_pool_that_keeps_closing_statements_to_make_room_says_so_in_the_log(bouncer_factory):
+    """Binds that fit in max_prepared_statements log nothing; once at least
+    one Bind in ten of a stats_period needs a statement closed to make room,
+    one warning names the setting (and no second one within 10 minutes)."""
+    b = make(bouncer_factory, default_pool_size=1, max_prepared_statements=3, stats_period=1)
+    warning = r"max_prepared_statements = 3 is short"
+    w = b.login("p0")
+    assert types(batch(w, *[P(f"s{k}", f"select {k}") for k in range(4)], S)) == "1111Z"
+
+    def binds(keys, times=50):
+        msgs = [m for _ in range(times) for k in keys for m in (B(f"s{k}"), E())]
+        got = batch(w, *msgs, S)
+        assert rows(got) == [str(k) for _ in range(times) for k in keys]
+
+    binds(range(3))                                 # three statements: they fit after one round
+    time.sleep(2.5 * SLOW)                          # two stats periods and more
+    assert not re.search(warning, b.log()), b.log()[-2000:]
+    binds(range(4))                                 # four: every Bind closes one to make room
+    b.wait_log(warning)
+    line = next(ln for ln in b.log().splitlines() if re.search(warning, ln))
+    closed, bound = map(int, re.search(r"(\d+) prepared statements closed .* for (\d+) Binds", line).groups())
+    assert bound >= 100 and closed * 10 >= bound, line
+    binds(range(4))
+    time.sleep(2.5 * SLOW)
+    assert len(re.findall(warning, b.log())) == 1
     w.close()
 
 
