@@ -211,6 +211,13 @@ static void write_pools(struct evbuffer *out)
 		sample(out, "lokadb_pools_affinity_assignments_total", known, (double)p->aff_known_count);
 		sample(out, "lokadb_pools_affinity_assignments_total", away, (double)p->aff_away_count);
 	}
+	family(out, "lokadb_pools_server_statements_closed_total", true,
+	       "Prepared statements closed on the pool's server connections to make room for another "
+	       "(max_prepared_statements): each is parsed again when it comes back.");
+	for (struct pool *p = TAILQ_FIRST(&rt->pools); p; p = TAILQ_NEXT(p, entry)) {
+		const char *labels[] = { "database", p->db->name, "user", p->user, NULL };
+		sample(out, "lokadb_pools_server_statements_closed_total", labels, (double)p->stats.server_evict_count);
+	}
 }
 
 /* ---- SHOW STATS ---- */

@@ -9,10 +9,11 @@ import re
 import struct
 import subprocess
 import time
+import urllib.request
 
 import pytest
 
-from lokadb_harness import PGBENCH, SLOW, Wire, assert_serves, message
+from lokadb_harness import PGBENCH, SLOW, Wire, assert_serves, free_port, message
 # org_routing's fixtures and helpers, for its re-parse at a Bind (no tests are imported)
 from test_org_routing import (ISOLATED, ISOLATED2, ORM_FEED, USER, app, check_feed_binds,  # noqa: F401
                               direct, router, stats)
@@ -374,8 +375,17 @@ def test_a_pool_that_keeps_closing_statements_to_make_room_says_so_in_the_log(bo
     """Binds that fit in max_prepared_statements log nothing; once at least
     one Bind in ten of a stats_period needs a statement closed to make room,
     one warning names the setting (and no second one within 10 minutes)."""
-    b = make(bouncer_factory, default_pool_size=1, max_prepared_statements=3, stats_period=1)
+    port = free_port()
+    b = make(bouncer_factory, default_pool_size=1, max_prepared_statements=3, stats_period=1,
+             metrics_listen=f"127.0.0.1:{port}")
     warning = r"max_prepared_statements = 3 is short"
+
+    def closed():
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        m = re.search(r'^lokadb_pools_server_statements_closed_total\{database="p0",user="[^"]*"\} (\S+)$',
+                      text, re.M)
+        return int(float(m.group(1))) if m else 0
+
     w = b.login("p0")
     assert types(batch(w, *[P(f"s{k}", f"select {k}") for k in range(4)], S)) == "1111Z"
 
@@ -384,10 +394,13 @@ def test_a_pool_that_keeps_closing_statements_to_make_room_says_so_in_the_log(bo
         got = batch(w, *msgs, S)
         assert rows(got) == [str(k) for _ in range(times) for k in keys]
 
+    assert closed() == 1                            # the fourth Parse closed the first
     binds(range(3))                                 # three statements: they fit after one round
+    assert closed() == 4
     time.sleep(2.5 * SLOW)                          # two stats periods and more
     assert not re.search(warning, b.log()), b.log()[-2000:]
     binds(range(4))                                 # four: every Bind closes one to make room
+    assert closed() == 4 + 200 - 3                  # all but the first three Binds
     b.wait_log(warning)
     line = next(ln for ln in b.log().splitlines() if re.search(warning, ln))
     closed, bound = map(int, re.search(r"(\d+) prepared statements closed .* for (\d+) Binds", line).groups())
