@@ -430,7 +430,13 @@ def test_an_agent_that_shuts_down_says_goaway_first(tunnel):
     with tunnel.connect() as c:
         assert c.execute("select 1").fetchone()[0] == 1
     assert tunnel.agent.stop(signal.SIGTERM), "the agent did not stop on SIGTERM"
-    tunnel.relay.wait_log(r'relay: agent of site "acme" \(127\.0\.0\.1:\d+\) is going away: NO_ERROR '
-                          r'the agent is shutting down', timeout=5)
+    going = r'relay: agent of site "acme" \(127\.0\.0\.1:\d+\) is going away: NO_ERROR the agent is shutting down'
+    gone = r'relay: agent of site "acme" \(127\.0\.0\.1:\d+\) disconnected'
+    tunnel.relay.wait_log(going, timeout=5)
+    # the server connection of the first client may still be idle in the
+    # relay's pool until the session closes: query once it has
+    tunnel.relay.wait_log(gone, timeout=5)
+    log = tunnel.relay.log()
+    assert re.search(going, log).start() < re.search(gone, log).start(), log[-3000:]
     err = query_error(tunnel.relay, "org_a")
     assert 'no agent of site "acme" is connected' in str(err) and err.sqlstate == "08001", str(err)
