@@ -453,12 +453,18 @@ static uint32_t key_slot(const uint64_t *keys, uint32_t cap, uint64_t key)
  * away from their homes, until each backend worked on the partitions of
  * most organizations (doc/benchmarks.md, "A server's own organizations").
  */
+static int server_key_index(const struct server *s, uint64_t key)
+{
+	int i = s->n_aff - 1;
+
+	while (i >= 0 && s->aff[i] != key)	/* newest first: the likelier */
+		i--;
+	return i;
+}
+
 static bool server_has_key(const struct server *s, uint64_t key)
 {
-	for (int i = 0; i < s->n_aff; i++)
-		if (s->aff[i] == key)
-			return true;
-	return false;
+	return server_key_index(s, key) >= 0;
 }
 
 /*
@@ -775,12 +781,10 @@ static void server_drop_key(struct server *s, int i)
  * longest ago, so aff[] holds the last max distinct keys it served. */
 static void server_note_key(struct server *s, uint64_t key, int max)
 {
-	int i;
+	int i = server_key_index(s, key);
 
 	if (max < 1 || max > AFF_SLOTS)
 		max = AFF_SLOTS;
-	for (i = s->n_aff - 1; i >= 0 && s->aff[i] != key; i--)
-		;
 	if (i == s->n_aff - 1 && i >= 0 && s->n_aff <= max)
 		return;			/* the newest already: the common case */
 	if (i >= 0)
@@ -1362,6 +1366,7 @@ void pool_stats_tick(void)
 {
 	struct pool *p;
 	double secs = (double)rt->cf->stats_period / USEC;
+	usec_t now = now_mono();
 
 	if (secs <= 0)
 		secs = 1;
@@ -1383,7 +1388,7 @@ void pool_stats_tick(void)
 		avg->client_parse_count = (uint64_t)((cur->client_parse_count - prev->client_parse_count) / secs);
 		avg->server_parse_count = (uint64_t)((cur->server_parse_count - prev->server_parse_count) / secs);
 		avg->bind_count = (uint64_t)((cur->bind_count - prev->bind_count) / secs);
-		warn_evictions(p, cur, prev, now_mono());
+		warn_evictions(p, cur, prev, now);
 		if (rt->cf->log_stats && (dx || dq))
 			log_info("stats: %s/%s %llu xacts/s, %llu queries/s, in %llu B/s, out %llu B/s, xact %llu us, query %llu us, wait %llu us",
 				 p->db->name, p->user, (unsigned long long)avg->xact_count, (unsigned long long)avg->query_count,

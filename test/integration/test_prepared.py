@@ -403,8 +403,8 @@ def test_a_pool_that_keeps_closing_statements_to_make_room_says_so_in_the_log(bo
     assert closed() == 4 + 200 - 3                  # all but the first three Binds
     b.wait_log(warning)
     line = next(ln for ln in b.log().splitlines() if re.search(warning, ln))
-    closed, bound = map(int, re.search(r"(\d+) prepared statements closed .* for (\d+) Binds", line).groups())
-    assert bound >= 100 and closed * 10 >= bound, line
+    n_closed, n_bound = map(int, re.search(r"(\d+) prepared statements closed .* for (\d+) Binds", line).groups())
+    assert n_bound >= 100 and n_closed * 10 >= n_bound, line
     binds(range(4))
     time.sleep(2.5 * SLOW)
     assert len(re.findall(warning, b.log())) == 1
