@@ -404,10 +404,13 @@ struct lk_api {
 	 * setting `name` (a custom or PostgreSQL GUC, e.g. "lokadb.org") =
 	 * `value` when the message runs. The core tracks, per server
 	 * connection, the values such prefixes gave it, and once it has picked
-	 * the server it sends `SELECT set_config(name, value, false), ...` (one
-	 * hidden simple Query for all the event's values, as query_prefix) only
-	 * for the values that server is not known to have. A value is known
-	 * only after its set_config ran outside a transaction block without
+	 * the server it sends `SET name = 'value'; ...` (one hidden simple
+	 * Query for all the event's values, as query_prefix; `SELECT
+	 * set_config(name, value, false), ...` for a name SET cannot take as
+	 * written) only for the values that server is not known to have; a
+	 * plugin that called query_vars_inline gets them in front of its Query
+	 * instead. A value is known only after it was set outside a
+	 * transaction block without
 	 * error (inside a block it may be rolled back); a server forgets every
 	 * value when the pooler sends it any other query of its own
 	 * (server_reset_query, connect_query, a check, a parameter SET, a

@@ -82,7 +82,7 @@ static const struct {
 	{ "org_column", "organization_id", "organization column of ENABLE TABLE without BY" },
 	{ "sql_dir", "", "directory of catalog.sql and move.sql (empty: the directory of move.so)" },
 	{ "lock_timeout", "100ms", "how long each locking step waits for its locks before retrying (ms or s)" },
-	{ "lock_retries", "100", "attempts of a locking step before the command fails with 55P03" },
+	{ "lock_retries", "100", "retries of a locking step after its first attempt before the command fails with 55P03" },
 	{ "analyze_interval", "1h", "ANALYZE the foreign partitions of moved organizations this often (0: never; also after each MOVE)" },
 };
 

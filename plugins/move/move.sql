@@ -254,7 +254,7 @@ BEGIN
 			USING ERRCODE = 'lock_not_available',
 			      HINT = 'Long transactions on the table hold its locks; retry later or raise lock_retries.';
 	END IF;
-	RAISE NOTICE 'could not lock % within % ms, retrying (attempt %/%)', what, p_lock_timeout_ms, attempt, p_retries;
+	RAISE NOTICE 'could not lock % within % ms, retrying (retry %/%)', what, p_lock_timeout_ms, attempt, p_retries;
 	PERFORM pg_sleep(random() * least(0.02 * attempt, 0.2));	-- jitter: writers may be periodic
 END $$;
 
