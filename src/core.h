@@ -474,6 +474,7 @@ void pool_stats_tick(void);
 void pool_apply_config(struct lk_config *old);
 void pool_reconnect(struct lk_db *db);
 void pool_kill(struct lk_db *db);
+int pool_retire_server(uint64_t id, const char *why);
 void pool_resume(struct lk_db *db);
 bool pool_is_paused(const struct pool *p);
 int pool_active_servers(struct lk_db *db);

@@ -1091,6 +1091,11 @@ static uint64_t api_server_id(lk_server *h)
 	return SV(h)->id;
 }
 
+static int api_server_retire(uint64_t id, const char *why)
+{
+	return pool_retire_server(id, why && *why ? why : "retired by a plugin");
+}
+
 static const char *api_server_database(lk_server *h)
 {
 	return SV(h)->pool->db->name;
@@ -3321,4 +3326,5 @@ static const struct lk_api api_table = {
 	.resolve = api_resolve,
 	.resolve_cancel = api_resolve_cancel,
 	.query_vars_inline = api_query_vars_inline,
+	.server_retire = api_server_retire,
 };

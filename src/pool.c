@@ -1000,6 +1000,37 @@ void pool_reconnect(struct lk_db *db)
 	}
 }
 
+/*
+ * A plugin's transport says the server connection `id` should not be used
+ * again (api->server_retire: a tunnel agent going away). Idle in its pool it
+ * closes now; linked to a client, logging in or running a reset it is
+ * marked close_needed, as RECONNECT marks it, and closes when released.
+ * 1 (closed), 0 (marked), or -1 if no open server connection has that id.
+ * O(servers).
+ */
+int pool_retire_server(uint64_t id, const char *why)
+{
+	struct pool *p;
+	struct server *s;
+
+	TAILQ_FOREACH(p, &rt->pools, entry) {
+		TAILQ_FOREACH(s, &p->idle_servers, entry)
+			if (s->id == id) {
+				server_close(s, "%s", why);
+				pool_activate(p);
+				return 1;
+			}
+		struct server_list *busy[] = { &p->active_servers, &p->tested_servers, &p->login_servers };
+		for (size_t i = 0; i < sizeof(busy) / sizeof(busy[0]); i++)
+			TAILQ_FOREACH(s, busy[i], entry)
+				if (s->id == id) {
+					s->close_needed = true;
+					return 0;
+				}
+	}
+	return -1;
+}
+
 void pool_kill(struct lk_db *db)
 {
 	struct pool *p;

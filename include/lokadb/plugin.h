@@ -40,7 +40,7 @@ extern "C" {
 
 #define LK_PLUGIN_MAGIC 0x4c4b504cu	/* "LKPL" */
 #define LK_ABI_MAJOR 1
-#define LK_ABI_MINOR 9
+#define LK_ABI_MINOR 10
 #define LK_PLUGIN_SYMBOL "lokadb_plugin"
 
 /* Opaque handles. */
@@ -484,6 +484,17 @@ struct lk_api {
 	 * fails they are rolled back with it (not taken as known). Not when
 	 * the event also has a query_prefix. Without the call, a Parse or Bind
 	 * inside a batch gets no values (LK_VARS_SKIPPED). ---- */
+
+	/* ---- ABI 1.10 ---- */
+	/* Do not hand the server connection `server_id` (api->server_id) to a
+	 * client again: idle in its pool it closes now; linked to a client,
+	 * logging in or running a reset, it is marked close_needed as RECONNECT
+	 * marks it (SHOW SERVERS) and closes when released. For a transport
+	 * whose carrier is going away (a tunnel agent's GOAWAY): the pool opens
+	 * new connections instead of reusing the old ones. `why` is the close
+	 * reason logged. 1 (closed now), 0 (marked), or -1 when no open server
+	 * connection has that id. */
+	int (*server_retire)(uint64_t server_id, const char *why);
 };
 
 #ifdef __cplusplus

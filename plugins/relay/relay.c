@@ -14,7 +14,8 @@
  * Settings [plugin.relay]: listen, cert_file, key_file, sites, max_streams,
  * site_min_streams (fair_share()), so_reuseport. A shutdown drains (on_shutdown): agents are told to
  * reconnect at once (to the new process of a rolling restart), streams
- * still open are reset after DRAIN_MS.
+ * still open are reset after DRAIN_MS. An agent session that says GOAWAY
+ * keeps its streams, but their server connections are retired (on_goaway).
  * Console: SHOW AGENTS, SHOW STREAMS.
  */
 #include <lokadb/plugin.h>
@@ -76,6 +77,7 @@ struct stream {
 	lk_connect *req;		/* until OPEN_ACK or failure */
 	int core_fd;			/* the core's end, until handed over */
 	bool is_cancel;
+	uint64_t server_id;		/* the core's server connection it carries (0: a cancel) */
 	char db[MUX_NAME_MAX + 1];
 	struct stream *next;
 };
@@ -380,11 +382,33 @@ static void on_goaway(struct mux_session *s, uint32_t last, uint32_t code, uint3
 {
 	struct agent *a = ud;
 
+	char why[128];
+	unsigned closed = 0, marked = 0;
+
 	(void)s;
 	(void)last;
 	(void)reconnect_ms;
 	api->log(me, LK_LOG_INFO, "relay: agent of site \"%s\" (%s) is going away: %s %.*s", a->site_name, a->addr,
 		 mux_error_name(code), (int)dlen, debug);
+	/*
+	 * Its streams go on, but the pool must not hand their server
+	 * connections to new transactions: idle ones close now, busy ones when
+	 * released, and the pool opens new ones over the site's other session
+	 * (a reconnected or redundant agent) or fails them at once if it has none.
+	 */
+	if (!LK_API_HAS(api, server_retire))
+		return;
+	snprintf(why, sizeof(why), "the tunnel agent of site \"%s\" is going away", a->site_name);
+	for (struct stream *st = R.streams; st; st = st->next) {
+		if (st->a != a || !st->server_id)
+			continue;
+		int r = api->server_retire(st->server_id, why);
+		closed += r == 1;
+		marked += r == 0;
+	}
+	if (closed || marked)
+		api->log(me, LK_LOG_INFO, "relay: agent of site \"%s\" (%s): %u idle server connections over it closed, "
+			 "%u to close when released", a->site_name, a->addr, closed, marked);
 }
 
 static void on_ping_ack(struct mux_session *s, uint64_t rtt, void *ud)
@@ -663,6 +687,8 @@ static int tunnel_connect(lk_plugin *self, lk_connect *req)
 	st->req = req;
 	st->core_fd = sv[0];
 	st->is_cancel = api->connect_is_cancel(req) != 0;
+	if (!st->is_cancel && api->connect_server(req))
+		st->server_id = api->server_id(api->connect_server(req));
 	snprintf(st->db, sizeof(st->db), "%s", db);
 	memset(&op, 0, sizeof(op));
 	snprintf(op.db_key, sizeof(op.db_key), "%s", db);

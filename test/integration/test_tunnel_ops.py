@@ -440,3 +440,47 @@ def test_an_agent_that_shuts_down_says_goaway_first(tunnel):
     assert re.search(going, log).start() < re.search(gone, log).start(), log[-3000:]
     err = query_error(tunnel.relay, "org_a")
     assert 'no agent of site "acme" is connected' in str(err) and err.sqlstate == "08001", str(err)
+
+
+def test_a_draining_agent_session_carries_no_new_transaction(tunnel):
+    """An agent session that says GOAWAY (here a reload that changes the
+    agent's check of the relay, so it dials a new session and the old one
+    drains) keeps its streams, but the relay's pool stops handing their
+    server connections out: the idle one closes at once, the busy one when
+    its transaction ends, and the next transactions run over the new
+    session, after which the old session closes."""
+    def servers():
+        return [r for r in tunnel.relay.admin_dicts("SHOW SERVERS") if r["database"] == "org_a"]
+
+    def acme_sessions():
+        return [r for r in tunnel.relay.admin_dicts("SHOW AGENTS") if r["site"] == "acme"]
+
+    with tunnel.connect() as idle, tunnel.connect(autocommit=False) as busy:
+        busy_pid = busy.execute("select pg_backend_pid()").fetchone()[0]     # its transaction stays open
+        idle_pid = idle.execute("select pg_backend_pid()").fetchone()[0]     # its server goes back to the pool
+        assert idle_pid != busy_pid
+        before = servers()
+        assert sorted(r["state"] for r in before) == ["active", "idle"], before
+        tunnel.agent.write_ini(raw=tunnel.agent_raw(verify="ca"))       # relay_pin -> relay_ca: a new session
+        tunnel.agent.reload()
+        tunnel.relay.wait_log(r'relay: agent of site "acme" \(127\.0\.0\.1:\d+\) is going away: NO_ERROR '
+                              r'agent reconfigured', timeout=10)
+        tunnel.relay.wait_log(r'relay: agent of site "acme" \(127\.0\.0\.1:\d+\): 1 idle server connections '
+                              r'over it closed, 1 to close when released', timeout=5)
+        wait_until(lambda: sorted(r["state"] for r in acme_sessions()) == ["active", "draining"], 10 * SLOW,
+                   what="the new session and the draining one")
+        now = servers()
+        assert [(r["state"], r["close_needed"]) for r in now] == [("active", "1")], now
+        # the transaction in flight finishes over the draining session
+        assert busy.execute("select pg_backend_pid()").fetchone()[0] == busy_pid
+        busy.commit()
+        wait_until(lambda: not servers(), 5 * SLOW, what="the busy server connection to close when released")
+        # new transactions go over the new session, to new backends
+        pid = idle.execute("select pg_backend_pid()").fetchone()[0]
+        assert pid not in (idle_pid, busy_pid)
+        assert busy.execute("select 1").fetchone()[0] == 1
+        busy.commit()
+        wait_until(lambda: [r["state"] for r in acme_sessions()] == ["active"], 10 * SLOW,
+                   what="the drained session to close")
+    rows = tunnel.pg.sql(f"select count(*) from pg_stat_activity where pid in ({idle_pid}, {busy_pid})")
+    assert rows[0][0] == 0, rows
