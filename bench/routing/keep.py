@@ -20,7 +20,9 @@ org_affinity), `off` (no plugins: PostgreSQL's own loss through the
 pooler) or `set` (no plugins, the workload's statement sent at N
 organizations with `SET lokadb.org = '<o>'; ` in front in the same Query:
 what org_routing sends PostgreSQL when the server connection holds another
-organization, without org_routing); it warms it with the measured workload
+organization, without org_routing) or `parent` (plugins on with org_routing's
+`rewrite = off`: statements stay on the parent, custom-planned once an
+organization is isolated); it warms it with the measured workload
 and client count, measures `pgbench -M simple -c C -j 2` (`-j 1` for one
 client; `--protocol extended`: `-M extended`, each statement the unnamed
 statement with its organization a parameter; `--protocol prepared`: `-M
@@ -39,7 +41,7 @@ median: the figure least moved by a machine whose speed drifts. With
 ratio over off's.
 
 usage: keep.py [--orgs 1000] [--layout isolated|default] [--clients 32]
-               [--workloads read,update,insert] [--modes on,off,set]
+               [--workloads read,update,insert] [--modes on,off,set,parent]
                [--rounds 5] [--seconds 8] [--warm 8] [--affinity 8]
                [--lokadb ./lokadb] [--plugin-dir ./plugins]
                [--protocol simple|extended|prepared] [--max-prepared N]
@@ -143,7 +145,7 @@ def perf_top(a, rec, txns):
 
 
 def one_run(a, pg, base, n, wl, mode):
-    off = mode != "on"
+    off = mode not in ("on", "parent")
     d = Path(tempfile.mkdtemp(prefix=f"lk{n}-", dir=base))
     port = bl.free_port()
     (d / "users.txt").write_text('"postgres" ""\n')
@@ -156,7 +158,8 @@ def one_run(a, pg, base, n, wl, mode):
         + ("" if off else f"plugins = meta_cache org_routing\nplugin_dir = {a.plugin_dir}\n")
         + f"\n[databases]\nbench = {conn}\n"
         + ("" if off else f"\n[plugin.meta_cache]\ncloud = {conn} user=postgres\n"
-           f"\n[plugin.org_routing]\norg_affinity = {a.affinity}\n"))
+           f"\n[plugin.org_routing]\norg_affinity = {a.affinity}\n"
+           + ("rewrite = off\n" if mode == "parent" else "")))
     lk = subprocess.Popen([a.lokadb, "-q", str(d / "lokadb.ini")], start_new_session=True)
     try:
         env = bl.client_env({"PGHOST": "127.0.0.1", "PGPORT": str(port), "PGUSER": "postgres"})
@@ -208,7 +211,8 @@ def main():
     ap.add_argument("--layout", choices=["isolated", "default"], default="isolated")
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--modes", default="on",
-                    help="of on, off (no plugins: PostgreSQL's own loss), set (no plugins, the SET in front)")
+                    help="of on, off (no plugins: PostgreSQL's own loss), set (no plugins, the SET in front), "
+                         "parent (plugins on, rewrite = off)")
     ap.add_argument("--off", action="store_true", help="the same as --modes off")
     ap.add_argument("--workloads", default="read,update,insert")
     ap.add_argument("--rounds", type=int, default=5)
@@ -229,8 +233,8 @@ def main():
                          "organization a parameter; prepared binds a named statement")
     a = ap.parse_args()
     modes = ["off"] if a.off else a.modes.split(",")
-    if not modes or len(set(modes)) != len(modes) or not set(modes) <= {"on", "off", "set"}:
-        ap.error("--modes: a list of on, off and set")
+    if not modes or len(set(modes)) != len(modes) or not set(modes) <= {"on", "off", "set", "parent"}:
+        ap.error("--modes: a list of on, off, set and parent")
     if a.perf and not shutil.which("perf"):
         ap.error("--perf needs perf (Debian package linux-perf)")
     if "set" in modes and a.protocol != "simple":
@@ -246,7 +250,8 @@ def main():
             bl.log(f"keep: building {dbname(a.layout, n)} ({n} organization(s) {where}, {DOCS} documents)")
             build(pg, a.layout, n)
         names = {"on": f"plugins on (org_affinity = {a.affinity})", "off": "plugins off",
-                 "set": "plugins off with the SET in front"}
+                 "set": "plugins off with the SET in front",
+                 "parent": f"plugins on with rewrite = off (org_affinity = {a.affinity})"}
         print(f"# keep: {a.orgs} organizations {where} against 1, {' and '.join(names[m] for m in modes)}, "
               f"{a.rounds} rounds of {a.seconds} s (warm-up {a.warm} s), pgbench -M {a.protocol} "
               f"-c {a.clients} -j {min(2, a.clients)}; target: {target(a.layout, a.orgs):.2f} kept")

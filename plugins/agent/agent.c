@@ -88,6 +88,11 @@ struct stream {
 	struct stream *next;
 };
 
+struct retired_dbs {
+	struct target *dbs;
+	struct retired_dbs *next;
+};
+
 static struct {
 	struct conf c;
 	bool configured;
@@ -98,6 +103,7 @@ static struct {
 	struct session *cur;		/* the session that takes new work */
 	struct stream *streams;
 	unsigned n_streams;
+	struct retired_dbs *retired;	/* allow-lists a reload replaced while streams pointed into them */
 	struct event *redial;
 	unsigned attempts;
 	long long reconnects, bytes_in, bytes_out, rtt_ms, refused;
@@ -382,6 +388,14 @@ static void stream_free(struct stream *st)
 		evbuffer_free(st->head);
 	A.n_streams--;
 	free(st);
+	/* no stream points into an old allow-list any more */
+	while (A.n_streams == 0 && A.retired) {
+		struct retired_dbs *r = A.retired;
+
+		A.retired = r->next;
+		free(r->dbs);
+		free(r);
+	}
 }
 
 /* ---- the database side ---- */
@@ -953,8 +967,17 @@ static int on_config_apply(lk_plugin *self, lk_event *ev)
 		 strcmp(c.token, A.c.token) != 0 || strcmp(c.relay_ca, A.c.relay_ca) != 0 ||
 		 c.has_pin != A.c.has_pin || memcmp(c.pin, A.c.pin, 32) != 0;
 	/* streams keep pointers into the old allow-list: keep it while they live */
-	if (A.n_streams == 0)
+	if (A.n_streams == 0) {
 		free(A.c.dbs);
+	} else if (A.c.dbs) {
+		struct retired_dbs *r = malloc(sizeof(*r));
+
+		if (r) {
+			r->dbs = A.c.dbs;
+			r->next = A.retired;
+			A.retired = r;
+		}	/* else it stays allocated: a stream may still use it */
+	}
 	A.c = c;
 	if (A.ctx)
 		SSL_CTX_free(A.ctx);
