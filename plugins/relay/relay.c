@@ -381,7 +381,6 @@ static void on_goaway(struct mux_session *s, uint32_t last, uint32_t code, uint3
 		      const char *debug, size_t dlen, void *ud)
 {
 	struct agent *a = ud;
-
 	char why[128];
 	unsigned closed = 0, marked = 0;
 
