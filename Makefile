@@ -120,12 +120,13 @@ test-tools: $(TOOLS)
 unit: $(UNIT_BINS)
 	@sh test/unit/run.sh $(UNIT_BINS)
 
+# pytest's summary line must end the run: a -q of PYTEST_ARGS on top of ours (-qq) would drop it.
 integration: all test-plugins test-tools
 	cd test/integration && LOKADB_BIN=$(abspath $(BIN)) LOKADB_SANITIZE=$(SANITIZE) \
 		LOKADB_TOOLS_DIR=$(abspath $(BUILD)/tools) \
 		LOKADB_PLUGIN_DIR=$(abspath $(PLUGIN_OUT)) \
 		LOKADB_TEST_PLUGIN_DIR=$(abspath $(BUILD)/test-plugins) \
-		$(PYTHON) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+		$(PYTHON) -m pytest -q -p no:cacheprovider $(filter-out -q -qq -qqq --quiet,$(PYTEST_ARGS))
 
 check: deps all unit fuzz-smoke integration check-san
 

@@ -406,8 +406,8 @@ static void on_goaway(struct mux_session *s, uint32_t last, uint32_t code, uint3
 		marked += r == 0;
 	}
 	if (closed || marked)
-		api->log(me, LK_LOG_INFO, "relay: agent of site \"%s\" (%s): %u idle server connections over it closed, "
-			 "%u to close when released", a->site_name, a->addr, closed, marked);
+		api->log(me, LK_LOG_INFO, "relay: agent of site \"%s\" (%s): %u idle server connection%s over it closed, "
+			 "%u to close when released", a->site_name, a->addr, closed, closed == 1 ? "" : "s", marked);
 }
 
 static void on_ping_ack(struct mux_session *s, uint64_t rtt, void *ud)

@@ -465,7 +465,7 @@ def test_a_draining_agent_session_carries_no_new_transaction(tunnel):
         tunnel.agent.reload()
         tunnel.relay.wait_log(r'relay: agent of site "acme" \(127\.0\.0\.1:\d+\) is going away: NO_ERROR '
                               r'agent reconfigured', timeout=10)
-        tunnel.relay.wait_log(r'relay: agent of site "acme" \(127\.0\.0\.1:\d+\): 1 idle server connections '
+        tunnel.relay.wait_log(r'relay: agent of site "acme" \(127\.0\.0\.1:\d+\): 1 idle server connection '
                               r'over it closed, 1 to close when released', timeout=5)
         wait_until(lambda: sorted(r["state"] for r in acme_sessions()) == ["active", "draining"], 10 * SLOW,
                    what="the new session and the draining one")
