@@ -123,6 +123,7 @@ struct orr {
 	size_t cache_size;
 	bool route_log, rewrite;
 	int force_plan;			/* force_custom_plan: FP_OFF, FP_ON, FP_AUTO */
+	bool org_of_session;		/* server_org = session: the client's own, not the statement's */
 	int org_affinity;		/* organizations per server connection (0: no affinity) */
 	uint64_t pause_timeout;		/* usec a statement of a paused organization waits at most */
 	char *databases;
@@ -246,6 +247,16 @@ static bool parse_bool(const char *v, bool *out)
 
 enum { FP_OFF, FP_ON, FP_AUTO };
 
+/* server_org: statement (false) or session (true). */
+static bool parse_server_org(const char *v, bool *session)
+{
+	if (v && strcasecmp(v, "statement") == 0)
+		return !(*session = false);
+	if (v && strcasecmp(v, "session") == 0)
+		return (*session = true);
+	return false;
+}
+
 /* force_custom_plan: on, off (parse_bool's words) or auto. */
 static bool parse_force_plan(const char *v, int *out)
 {
@@ -330,6 +341,8 @@ static int or_config_check(lk_plugin *self, lk_event *ev)
 		return api->config_error(ev, "force_custom_plan", "must be on, off or auto");
 	if (!parse_affinity(api->config_get(ev, "org_affinity"), &k))
 		return api->config_error(ev, "org_affinity", "must be a number of organizations per server 0..32 (0: off)");
+	if (!parse_server_org(api->config_get(ev, "server_org"), &b))
+		return api->config_error(ev, "server_org", "must be statement or session");
 	if (!parse_duration(api->config_get(ev, "pause_timeout"), &us))
 		return api->config_error(ev, "pause_timeout", "must be a duration from 1ms to 1 day (30s, 500ms, 2min)");
 	if (!api->service_lookup(META_CACHE_SERVICE))
@@ -351,6 +364,7 @@ static int or_config_apply(lk_plugin *self, lk_event *ev)
 	parse_size(api->config_get(ev, "parse_cache_size"), &n);
 	parse_force_plan(api->config_get(ev, "force_custom_plan"), &g->force_plan);
 	parse_affinity(api->config_get(ev, "org_affinity"), &g->org_affinity);
+	parse_server_org(api->config_get(ev, "server_org"), &g->org_of_session);
 	parse_duration(api->config_get(ev, "pause_timeout"), &g->pause_timeout);
 	free(g->databases);
 	g->databases = strdup(dbs ? dbs : "");
@@ -860,7 +874,8 @@ static void forget_var(lk_event *ev, const char *name)
 }
 
 /*
- * Make the server's lokadb.org be d->org ("" when none) before the message,
+ * Make the server's lokadb.org be d->org ("" when none; with server_org =
+ * session the client's session organization instead) before the message,
  * unless the client's server is known to have it; plan_cache_mode =
  * pcm_values[want] (unless PCM_NONE) goes with it while the server is not
  * known to have it. With ABI 1.5 the core decides once it has picked the server
@@ -871,10 +886,12 @@ static void ensure_org(struct orr *g, lk_event *ev, lk_client *c, struct orc *x,
 {
 	char sql[OR_PREFIX_MAX], lit[2 * OR_ORG_MAX + 4];
 	bool pcm = want != PCM_NONE && x->pcm != want;
+	/* server_org = session: what the client's session says, whatever the statement's */
+	const char *org = !g->org_of_session ? d->org : session_org(x) ? session_org(x) : "";
 
 	x->pcm_bit = -1;
 	x->pcm_want = (uint8_t)want;
-	if (!pcm && x->cur_valid && x->cur && strcmp(x->cur, d->org) == 0) {
+	if (!pcm && x->cur_valid && x->cur && strcmp(x->cur, org) == 0) {
 		d->prefix = "known";
 		return;
 	}
@@ -883,11 +900,11 @@ static void ensure_org(struct orr *g, lk_event *ev, lk_client *c, struct orc *x,
 		g->n[N_PREFIXES_SKIPPED]++;
 		return;
 	}
-	if (LK_API_HAS(api, query_set_var) && api->query_set_var(ev, "lokadb.org", d->org) >= 0 &&
+	if (LK_API_HAS(api, query_set_var) && api->query_set_var(ev, "lokadb.org", org) >= 0 &&
 	    (want == PCM_NONE || (x->pcm_bit = api->query_set_var(ev, "plan_cache_mode", pcm_values[want])) >= 0) &&
 	    api->query_on_vars(g->self, ev, vars_done, x) == 0) {
 		d->prefix = "core";
-		set_cur(&x->cur, d->org);
+		set_cur(&x->cur, org);
 		x->cur_valid = x->cur != NULL;
 		/* inside a block it may be rolled back; before a Parse or Bind the core
 		 * may send it inside the batch, where it ends with the transaction */
@@ -900,7 +917,7 @@ static void ensure_org(struct orr *g, lk_event *ev, lk_client *c, struct orc *x,
 		g->n[N_PREFIXES_SKIPPED]++;
 		return;
 	}
-	if (!or_quote_literal(d->org, lit, sizeof(lit)))
+	if (!or_quote_literal(org, lit, sizeof(lit)))
 		return;
 	snprintf(sql, sizeof(sql), "SELECT set_config('lokadb.org', %s, false)%s%s%s", lit,
 		 pcm ? ", set_config('plan_cache_mode', '" : "", pcm ? pcm_values[want] : "", pcm ? "', false)" : "");
@@ -910,7 +927,7 @@ static void ensure_org(struct orr *g, lk_event *ev, lk_client *c, struct orc *x,
 	g->n[N_PREFIXES]++;
 	if (pcm)
 		note_plan_mode(g, c, x);
-	set_cur(&x->cur, d->org);
+	set_cur(&x->cur, org);
 	x->cur_valid = x->cur != NULL;
 	if (api->client_in_transaction(c))
 		x->changed_in_block = true;
@@ -2109,6 +2126,9 @@ static int or_init(lk_plugin *self, const lk_api *a)
 	    api->config_declare(self, "force_custom_plan", "auto",
 				"set plan_cache_mode = force_custom_plan on the servers of routed clients: on, off, "
 				"or auto (while some organization has partitions of its own)") ||
+	    api->config_declare(self, "server_org", "statement",
+				"the server's lokadb.org before a statement on LokaDB tables: statement (its "
+				"organization) or session (the client's own SET lokadb.org)") ||
 	    api->hook(self, LK_HOOK_CONFIG_CHECK, or_config_check, 0) ||
 	    api->hook(self, LK_HOOK_CONFIG_APPLY, or_config_apply, 0) ||
 	    api->hook(self, LK_HOOK_CLIENT_STARTUP, or_client_startup, 0) ||

@@ -1240,6 +1240,39 @@ def test_no_prefix_when_the_server_already_has_the_organization(router):
     assert [l.rsplit("prefix=", 1)[1] for l in lines] == ["sent", "known", "known", "sent", "known"], lines
 
 
+def test_server_org_session_gives_the_server_the_clients_own_organization(router):
+    """server_org = session: before a statement on LokaDB tables the server's
+    lokadb.org is what the client's session set (as on a connection of its
+    own), not the statement's organization; routing, leaf addressing and
+    affinity still follow the statement. With many organizations and no
+    session organization, the servers get no prefix at each change."""
+    b = router(settings={"pool_mode": "transaction", "default_pool_size": 1}, extra="server_org = session\n")
+    w1 = b.login("app", USER)
+    w2 = b.login("app", USER)
+    st0 = stats(b)
+    n0 = len(route_lines(b))
+    assert org_of(w1, _org_query(3)) == ""                   # sent once: the session has none
+    for org in (1, 3, ISOLATED, ISOLATED2, 1):               # known: no prefix for other organizations
+        assert org_of(w1, _org_query(org)) == "", org
+    leaf = f"SELECT {SETTING}, count(*), min(tableoid::regclass::text) FROM documents WHERE organization_id = 2"
+    assert w1.query(leaf).rows == [["", str(DOCS_PER_ORG), "documents_o2_1"]]
+    w2.query("SET lokadb.org = 3")
+    assert org_of(w2, _org_query(1)) == "3"                  # the session's, though the rows are organization 1's
+    assert w2.query(leaf).rows == [["3", str(DOCS_PER_ORG), "documents_o2_1"]]
+    assert org_of(w1, _org_query(1)) == ""                   # same server, another client: its own again
+    st = stats(b)
+    # w1's first, w2's after its SET, w1's after w2 (with server_org = statement: all 10)
+    assert (st["prefixes"] - st0["prefixes"], st["prefixes_known"] - st0["prefixes_known"]) == (3, 7), st
+    lines = route_lines(b)[n0:]
+    assert [l.rsplit("prefix=", 1)[1] for l in lines if " org=-" not in l].count("sent") == 3, lines
+    assert any("rewrite=leaf" in l and "org=2" in l for l in lines), lines
+    # the other value gives the statement's organization again, and nothing else is taken
+    b.admin("SET plugin.org_routing.server_org = 'statement'")
+    assert org_of(w1, _org_query(1)) == "1"
+    res = b.admin_result("SET plugin.org_routing.server_org = 'client'")
+    assert_error(res.error, "22023", "must be statement or session")
+
+
 def test_a_rolled_back_set_config_is_not_taken_as_known(router):
     """A prefix that ran inside a transaction block may be rolled back: the
     core does not record it, and the next statement gets the prefix again."""
