@@ -57,6 +57,8 @@ struct lv_item {
 	const char *refname;		/* alias, or relation name */
 	const struct mc_table *t;	/* LokaDB table, or NULL */
 	int path;			/* position bits: which join sides it is under */
+	bool hidden;			/* under a join with an alias: its name is not seen outside */
+	bool renamed;			/* an alias with column names: its columns are not the table's */
 };
 
 /* A column in an equality: union-find node. */
@@ -316,6 +318,28 @@ static bool const_text(const PgQuery__AConst *c, char *buf, size_t len, const ch
 	}
 }
 
+/*
+ * A cast that keeps the value an organization id is written with: to an
+ * integer type, text, varchar or uuid, without a length. Others may change
+ * it (5::bool::int is 1, '12'::char(1) is '1', 2.7::int is 3).
+ */
+static bool cast_keeps_value(const PgQuery__TypeName *tn)
+{
+	static const char *const keep[] = { "int2", "int4", "int8", "smallint", "integer", "bigint", "int",
+					    "text", "varchar", "uuid" };
+	const Node *last;
+
+	if (!tn || tn->n_names == 0 || tn->n_typmods || tn->n_array_bounds || tn->setof || tn->pct_type)
+		return false;
+	last = tn->names[tn->n_names - 1];
+	if (last->node_case != PG_QUERY__NODE__NODE_STRING || !last->string->sval)
+		return false;
+	for (size_t i = 0; i < sizeof(keep) / sizeof(keep[0]); i++)
+		if (strcmp(last->string->sval, keep[i]) == 0)
+			return true;
+	return false;
+}
+
 /* Classify an operand (integer constants are printed into o->num). */
 static void classify(const Node *n, struct opnd *o)
 {
@@ -324,7 +348,8 @@ static void classify(const Node *n, struct opnd *o)
 		return;
 	switch (n->node_case) {
 	case PG_QUERY__NODE__NODE_TYPE_CAST:
-		if (n->type_cast->arg && n->type_cast->arg->node_case != PG_QUERY__NODE__NODE_COLUMN_REF)
+		if (n->type_cast->arg && n->type_cast->arg->node_case != PG_QUERY__NODE__NODE_COLUMN_REF &&
+		    cast_keeps_value(n->type_cast->type_name))
 			classify(n->type_cast->arg, o);
 		return;
 	case PG_QUERY__NODE__NODE_PARAM_REF:
@@ -359,13 +384,29 @@ static void classify(const Node *n, struct opnd *o)
 
 /* ================= one query level ================= */
 
+struct eq_scope {
+	bool outer;
+	int nullable_mask, nullable_bits;
+	/* the ON of a join: the items under it are (path & in_mask) == in_path
+	 * with one of in_bits; in_bits 0: WHERE, every item */
+	int in_mask, in_path, in_bits;
+};
+
+/* Does the qualification of scope sc see item i's columns unqualified? */
+static bool in_scope(const struct lv_item *it, const struct eq_scope *sc)
+{
+	return !sc->in_bits || ((it->path & sc->in_mask) == sc->in_path && (it->path & sc->in_bits));
+}
+
 /* The item a qualified column belongs to, or -1. */
-static int item_by_qual(const struct level *lv, const char *schema, const char *qual)
+static int item_by_qual(const struct level *lv, const char *schema, const char *qual, const struct eq_scope *sc)
 {
 	for (int i = 0; i < lv->nitems; i++) {
 		const struct lv_item *it = &lv->items[i];
 		if (!it->refname || strcmp(it->refname, qual) != 0)
 			continue;
+		if (it->hidden && !(sc->in_bits && in_scope(it, sc)))
+			continue;	/* (a JOIN b ON ...) AS j: a and b are names only in that ON */
 		if (schema && (!it->rv || !it->rv->schemaname || strcmp(it->rv->schemaname, schema) != 0) &&
 		    !(it->t && strcmp(it->t->schema, schema) == 0))
 			continue;
@@ -377,26 +418,29 @@ static int item_by_qual(const struct level *lv, const char *schema, const char *
 /*
  * The node of a column (created on first use), or -1 when it does not
  * belong to an item of this level. An unqualified column is the
- * organization column of the only LokaDB item of the level that has a
- * column of that name (PostgreSQL refuses the statement when the name is
- * ambiguous, so picking the only candidate is right whenever it runs).
+ * organization column of the only LokaDB item the qualification sees (the
+ * level's, or those under the join whose ON it is) that has a column of
+ * that name (PostgreSQL refuses the statement when the name is ambiguous,
+ * so picking the only candidate is right whenever it runs). Not a column
+ * of an item whose alias renames its columns.
  */
-static int node_of(struct level *lv, const struct opnd *o)
+static int node_of(struct level *lv, const struct opnd *o, const struct eq_scope *sc)
 {
 	int item = -1;
 
 	if (o->qual) {
-		item = item_by_qual(lv, o->qual2, o->qual);
+		item = item_by_qual(lv, o->qual2, o->qual, sc);
 	} else {
 		for (int i = 0; i < lv->nitems; i++) {
-			if (lv->items[i].t && strcmp(lv->items[i].t->org_column, o->col) == 0) {
+			if (lv->items[i].t && in_scope(&lv->items[i], sc) &&
+			    strcmp(lv->items[i].t->org_column, o->col) == 0) {
 				if (item >= 0)
 					return -1;
 				item = i;
 			}
 		}
 	}
-	if (item < 0)
+	if (item < 0 || lv->items[item].renamed)
 		return -1;
 	for (int i = 0; i < lv->nnodes; i++)
 		if (lv->nodes[i].item == item && strcmp(lv->nodes[i].col, o->col) == 0)
@@ -452,11 +496,6 @@ static bool is_eq(const PgQuery__AExpr *e)
  * `nullable` is the path mask of the nullable side; constants bind only
  * nullable items, column pairs make the nullable one inherit).
  */
-struct eq_scope {
-	bool outer;
-	int nullable_mask, nullable_bits;
-};
-
 static bool item_nullable(const struct level *lv, int node, const struct eq_scope *sc)
 {
 	return (lv->items[lv->nodes[node].item].path & sc->nullable_mask) == sc->nullable_bits;
@@ -478,11 +517,11 @@ static void equality(struct level *lv, const Node *l, const Node *r, const struc
 	if (a.kind != OP_COL)
 		return;
 	if (b.kind == OP_TERM) {
-		int n = node_of(lv, &a);
+		int n = node_of(lv, &a, sc);
 		if (n >= 0 && (!sc->outer || item_nullable(lv, n, sc)))
 			link_term(lv, n, &b.term);
 	} else if (b.kind == OP_COL) {
-		int na = node_of(lv, &a), nb = node_of(lv, &b);
+		int na = node_of(lv, &a, sc), nb = node_of(lv, &b, sc);
 		if (na < 0 || nb < 0)
 			return;
 		if (!sc->outer) {
@@ -536,6 +575,7 @@ static void add_item(struct an *x, struct level *lv, const Node *n, int path)
 		it->refname = it->rv->alias && it->rv->alias->aliasname ? it->rv->alias->aliasname
 									: it->rv->relname;
 		it->t = rv_table(x, it->rv);
+		it->renamed = it->rv->alias && it->rv->alias->n_colnames > 0;
 	} else if (n->node_case == PG_QUERY__NODE__NODE_RANGE_SUBSELECT && n->range_subselect->alias) {
 		it->refname = n->range_subselect->alias->aliasname;
 	} else if (n->node_case == PG_QUERY__NODE__NODE_RANGE_FUNCTION && n->range_function->alias) {
@@ -566,7 +606,7 @@ static void from_item(struct an *x, struct level *lv, const Node *n, int path, i
 		      struct from_walk *fw)
 {
 	const PgQuery__JoinExpr *j;
-	int lbit, rbit;
+	int lbit, rbit, first = lv->nitems;
 
 	if (!n)
 		return;
@@ -579,17 +619,24 @@ static void from_item(struct an *x, struct level *lv, const Node *n, int path, i
 		fw->usable = false;
 		from_item(x, lv, j->larg, path, depth, fw);
 		from_item(x, lv, j->rarg, path, depth, fw);
+		for (int i = first; j->alias && i < lv->nitems; i++)
+			lv->items[i].hidden = true;
 		return;
 	}
 	lbit = 1 << (2 * depth);
 	rbit = 2 << (2 * depth);
 	from_item(x, lv, j->larg, path | lbit, depth + 1, fw);
 	from_item(x, lv, j->rarg, path | rbit, depth + 1, fw);
+	for (int i = first; j->alias && i < lv->nitems; i++)
+		lv->items[i].hidden = true;
 	if (!j->quals || fw->non == (int)(sizeof(fw->on) / sizeof(fw->on[0])))
 		return;
 	struct pending_on *p = &fw->on[fw->non];
 	p->q = j->quals;
 	p->sc.outer = j->jointype != PG_QUERY__JOIN_TYPE__JOIN_INNER;
+	p->sc.in_mask = lbit - 1;
+	p->sc.in_path = path;
+	p->sc.in_bits = lbit | rbit;
 	p->sc.nullable_mask = lbit | rbit;
 	switch (j->jointype) {
 	case PG_QUERY__JOIN_TYPE__JOIN_INNER:
@@ -669,7 +716,7 @@ static void level_from_where(struct an *x, struct level *lv, Node **from, size_t
 	quals(lv, where, &inner);
 	for (int i = 0; i < fw.non; i++)
 		if (!fw.on[i].sc.outer)
-			quals(lv, fw.on[i].q, &inner);
+			quals(lv, fw.on[i].q, &fw.on[i].sc);
 	for (int i = 0; i < fw.non && fw.usable; i++)
 		if (fw.on[i].sc.outer)
 			quals(lv, fw.on[i].q, &fw.on[i].sc);

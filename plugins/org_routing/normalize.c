@@ -5,16 +5,17 @@
  * and `... = 42 AND id = 9` share one analysis and one leaf rewrite.
  *
  * The tokens come from libpg_query's scanner (pg_query_scan: the lexer, no
- * parse; its protobuf result read by scan_tokens()). Integer constants and plain '...' strings become $1, $2, ... in
- * text order; everything else of the text is kept as written (so comments,
- * spacing and other constants are part of the key). Not normalized (the
+ * parse; its protobuf result read by or_scan_tokens()). Integer constants
+ * and plain '...' strings become $1, $2, ... in text order; everything
+ * else of the text is kept as written (so comments, spacing and other
+ * constants are part of the key). Not normalized (the
  * caller uses the text itself): texts with $n parameters of their own,
  * strings with a prefix (E'', U&'', N''), a backslash or a continuation,
  * dollar quotes, integers after a + or - sign (PostgreSQL folds a negative
  * literal into the constant), texts with bytes 1 or 2 (the template marks).
  *
- * A rewrite made on the normalized text (deparsed, $k where the literals
- * were) becomes a template: its $k are found with the scanner again and
+ * A rewrite made on the normalized text ($k where the literals were)
+ * becomes a template: its $k are found with the scanner again and
  * marked, and or_template_fill() puts the message's own literal texts back.
  */
 #include <stdio.h>
@@ -28,11 +29,6 @@
 
 #define TPL_MARK 0x01		/* \x01 k \x02 in a template: literal number k */
 #define TPL_END 0x02
-
-/* One token of pg_query_scan: the bytes [start, end) of the text. */
-struct scan_tok {
-	int64_t start, end, token;
-};
 
 static bool get_varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
 {
@@ -81,11 +77,11 @@ static bool skip_field(const uint8_t **p, const uint8_t *end, unsigned wt)
  * instructions per statement of or_normalize). NULL: a scan error, or an
  * encoding not as above.
  */
-static struct scan_tok *scan_tokens(const char *sql, size_t *n)
+struct or_tok *or_scan_tokens(const char *sql, size_t *n)
 {
 	PgQueryScanResult sr = pg_query_scan(sql);
 	const uint8_t *p = (const uint8_t *)sr.pbuf.data, *end = p + sr.pbuf.len;
-	struct scan_tok *v = NULL;
+	struct or_tok *v = NULL;
 	size_t cap = 0;
 	bool ok = !sr.error;
 
@@ -93,7 +89,7 @@ static struct scan_tok *scan_tokens(const char *sql, size_t *n)
 	while (ok && p < end) {
 		uint64_t tag, len;
 		const uint8_t *mend;
-		struct scan_tok t = { -1, -1, -1 };
+		struct or_tok t = { -1, -1, -1 };
 		ok = get_varint(&p, end, &tag);
 		if (!ok || tag != ((2u << 3) | 2u)) {	/* not a token: skipped */
 			ok = ok && skip_field(&p, end, (unsigned)(tag & 7));
@@ -122,7 +118,7 @@ static struct scan_tok *scan_tokens(const char *sql, size_t *n)
 		if (!ok)
 			break;
 		if (*n == cap) {
-			struct scan_tok *nv = realloc(v, sizeof(*v) * (cap = cap ? cap * 2 : 32));
+			struct or_tok *nv = realloc(v, sizeof(*v) * (cap = cap ? cap * 2 : 32));
 			if (!(ok = nv != NULL))
 				break;
 			v = nv;
@@ -701,7 +697,7 @@ bool or_normalize(const char *sql, struct or_norm *out)
 	uint64_t key;
 	uint32_t *off = NULL;
 	char *kind;
-	struct scan_tok *tokens;
+	struct or_tok *tokens;
 	size_t len, o = 0, from = 0, ntokens;
 	unsigned fl;
 	bool ok = true;
@@ -715,7 +711,7 @@ bool or_normalize(const char *sql, struct or_norm *out)
 			return true;
 		or_norm_free(out);
 	}
-	if (!(tokens = scan_tokens(sql, &ntokens)))
+	if (!(tokens = or_scan_tokens(sql, &ntokens)))
 		return false;
 	/* each literal (1 byte at least) becomes "$k", k <= ntokens: at most 11 bytes */
 	if (!norm_alloc(out, (int)ntokens, len, len + 11 * ntokens + 1) ||
@@ -726,7 +722,7 @@ bool or_normalize(const char *sql, struct or_norm *out)
 	}
 	kind = (char *)(off + ntokens);
 	for (size_t i = 0; ok && i < ntokens; i++) {
-		const struct scan_tok *t = &tokens[i];
+		const struct or_tok *t = &tokens[i];
 		size_t s = (size_t)t->start, e = (size_t)t->end;
 		int64_t tok = t->token;
 		char k;
@@ -772,21 +768,21 @@ bool or_normalize(const char *sql, struct or_norm *out)
 
 char *or_template_encode(const char *sql, int nlits)
 {
-	struct scan_tok *tokens;
+	struct or_tok *tokens;
 	size_t len = strlen(sql), o = 0, from = 0, ntokens;
 	char *out = NULL, *seen = NULL;
 	bool ok = true;
 
 	if (strchr(sql, TPL_MARK) || strchr(sql, TPL_END))
 		return NULL;
-	if (!(tokens = scan_tokens(sql, &ntokens)))
+	if (!(tokens = or_scan_tokens(sql, &ntokens)))
 		return NULL;
 	out = malloc(len + 1 + 8 * (size_t)nlits);	/* "$k" becomes \x01 k \x02: 1 byte more each */
 	seen = calloc((size_t)nlits + 1, 1);
 	if (!out || !seen)
 		ok = false;
 	for (size_t i = 0; ok && i < ntokens; i++) {
-		const struct scan_tok *t = &tokens[i];
+		const struct or_tok *t = &tokens[i];
 		size_t s = (size_t)t->start, e = (size_t)t->end;
 		long k;
 		char *end;

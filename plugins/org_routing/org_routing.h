@@ -217,6 +217,13 @@ bool or_shape_entry_get(const struct or_norm *n, uint64_t key, struct or_cache_r
 void or_shape_entry_put(const struct or_norm *n, uint64_t key, const struct or_cache_ref *ref);
 /* x in decimal into out (at least 21 bytes); its length. */
 size_t or_format_int(long long x, char *out);
+/* One token of pg_query_scan: the bytes [start, end) of the text, its PgQuery__Token. */
+struct or_tok {
+	int64_t start, end, token;
+};
+/* The tokens of `sql`, in text order (*n of them, caller frees; an empty
+ * array when there is none); NULL on a scan error or out of memory. */
+struct or_tok *or_scan_tokens(const char *sql, size_t *n);
 /* Forget the shapes of normalized texts (see normalize.c); at unload. */
 void or_shapes_free(void);
 /* A rewrite of a normalized text as a template (each $1..$nlits exactly once); NULL: not one. */

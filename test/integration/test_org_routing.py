@@ -108,16 +108,23 @@ SHOW_COLUMNS = ["parse_cache_entries", "parse_cache_size", "parse_cache_hits", "
 
 # ------------------------------------------------------------------ setup --
 
-@pytest.fixture(scope="module")
-def app(pg):
-    """The application database: catalog, schema, rows, catalog rows; every statement logged."""
-    pg.sql(f"CREATE DATABASE {APP_DB}")
-    with pg.connect(dbname=APP_DB) as c:
+def create_app_db(pg, dbname, extra_sql=""):
+    """A database with the catalog, the schema, the rows, `extra_sql` and the catalog rows."""
+    pg.sql(f"CREATE DATABASE {dbname}")
+    with pg.connect(dbname=dbname) as c:
         c.execute(CATALOG_SQL)
         c.execute(SCHEMA_SQL)
         c.execute(DATA_SQL.format(orgs="{" + ",".join(map(str, ORGS)) + "}", per_project=DOCS_PER_ORG // 3))
+        if extra_sql:
+            c.execute(extra_sql)
         c.execute(CATALOG_ROWS_SQL)
-        c.execute(f"ALTER DATABASE {APP_DB} SET log_statement = 'all'")
+
+
+@pytest.fixture(scope="module")
+def app(pg):
+    """The application database: catalog, schema, rows, catalog rows; every statement logged."""
+    create_app_db(pg, APP_DB)
+    pg.sql(f"ALTER DATABASE {APP_DB} SET log_statement = 'all'")
     yield pg
     pg.sql(f"DROP DATABASE IF EXISTS {APP_DB} WITH (FORCE)")
 
