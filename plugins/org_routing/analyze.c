@@ -942,7 +942,7 @@ static const char *func_name(const PgQuery__FuncCall *f)
 	return f->n_funcname ? str_of(f->funcname[f->n_funcname - 1]) : NULL;
 }
 
-/* SELECT set_config('lokadb.org', v, is_local) (alone in its target list, no FROM). */
+/* SELECT set_config('lokadb.org' or 'search_path', v, is_local) (alone in its target list, no FROM). */
 static void effect_set_config(struct an *x, const PgQuery__SelectStmt *s)
 {
 	const PgQuery__FuncCall *f;
@@ -959,8 +959,13 @@ static void effect_set_config(struct an *x, const PgQuery__SelectStmt *s)
 		return;
 	classify(f->args[0], &name);
 	classify(f->args[1], &val);
-	if (name.kind != OP_TERM || name.term.param || !or_is_org_guc(name.term.value) || val.kind != OP_TERM)
+	if (name.kind != OP_TERM || name.term.param || val.kind != OP_TERM)
 		return;
+	bool path = name.term.value && strcasecmp(name.term.value, "search_path") == 0;
+	if (!path && !or_is_org_guc(name.term.value))
+		return;
+	if (path && (val.term.param || !val.term.value))
+		return;		/* a path only known at the Bind: not followed */
 	if (f->args[2]->node_case == PG_QUERY__NODE__NODE_A_CONST &&
 	    f->args[2]->a_const->val_case == PG_QUERY__A__CONST__VAL_BOOLVAL) {
 		x->st->is_local = f->args[2]->a_const->boolval && f->args[2]->a_const->boolval->boolval;
@@ -971,7 +976,7 @@ static void effect_set_config(struct an *x, const PgQuery__SelectStmt *s)
 		x->st->is_local = strcasecmp(loc.term.value, "true") == 0 || strcasecmp(loc.term.value, "t") == 0 ||
 				  strcmp(loc.term.value, "1") == 0 || strcasecmp(loc.term.value, "on") == 0;
 	}
-	x->st->effect = OR_FX_SET_ORG;
+	x->st->effect = path ? OR_FX_SET_PATH : OR_FX_SET_ORG;
 	x->st->val.param = val.term.param;
 	x->st->val.value = val.term.param ? NULL : dup_or_oom(x, val.term.value);
 	if (val.term.param)

@@ -159,6 +159,8 @@ struct orc {
 	char *saved_org;		/* session_org at BEGIN, back on ROLLBACK */
 	bool saved;
 	char *search_path;		/* NULL: PostgreSQL's default */
+	char *local_path;		/* SET LOCAL search_path, until the transaction ends */
+	char *saved_path;		/* search_path at BEGIN, back on ROLLBACK (with `saved`) */
 	uint64_t sp_key;
 	char *cur;			/* lokadb.org the client's server has ("" = none) */
 	bool cur_valid;
@@ -540,6 +542,20 @@ static const char *session_org(const struct orc *x)
 	return x->local_org ? x->local_org : x->session_org;
 }
 
+/* The search_path tables are resolved along. */
+static const char *path_of(const struct orc *x)
+{
+	return x->local_path ? x->local_path : x->search_path ? x->search_path : OR_DEFAULT_PATH;
+}
+
+/* After a change of the path: the key of what was resolved along it (with the user). */
+static void path_changed(struct orc *x, lk_client *c)
+{
+	const char *p = x->local_path ? x->local_path : x->search_path ? x->search_path : "", *u = api->client_user(c);
+
+	x->sp_key = or_hash(p, strlen(p), or_hash(u, strlen(u), 0));
+}
+
 /* ================= deciding ================= */
 
 /*
@@ -689,27 +705,37 @@ static void apply_effect(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 		set_owned(&x->session_org, NULL);
 		set_owned(&x->local_org, NULL);
 		set_owned(&x->search_path, NULL);
+		set_owned(&x->local_path, NULL);
 		set_cur(&x->cur, "");
 		x->cur_valid = true;
-		x->sp_key = or_hash(api->client_user(c), strlen(api->client_user(c)), 0);
+		path_changed(x, c);
 		break;
 	case OR_FX_SET_PATH:
-	case OR_FX_RESET_PATH:
-		if (st->is_local)
-			return;
-		set_owned(&x->search_path, st->effect == OR_FX_SET_PATH ? st->val.value : NULL);
-		x->sp_key = or_hash(x->search_path ? x->search_path : "", x->search_path ? strlen(x->search_path) : 0,
-				    or_hash(api->client_user(c), strlen(api->client_user(c)), 0));
+	case OR_FX_RESET_PATH: {
+		const char *v = st->effect == OR_FX_SET_PATH ? st->val.value : NULL;
+		if (st->is_local) {
+			set_owned(&x->local_path, v ? v : OR_DEFAULT_PATH);
+		} else {
+			set_owned(&x->search_path, v);
+			set_owned(&x->local_path, NULL);	/* a SET after a SET LOCAL outlasts it */
+		}
+		path_changed(x, c);
 		return;
+	}
 	case OR_FX_BEGIN:
 		if (!in_block) {
 			set_owned(&x->saved_org, x->session_org);
+			set_owned(&x->saved_path, x->search_path);
 			x->saved = true;
 		}
 		return;
 	case OR_FX_ROLLBACK:
-		if (x->saved)
+		if (x->saved) {
 			set_owned(&x->session_org, x->saved_org);
+			set_owned(&x->search_path, x->saved_path);
+		}
+		set_owned(&x->local_path, NULL);
+		path_changed(x, c);
 		set_owned(&x->local_org, NULL);
 		x->cur_valid = false;
 		if (x->pcm_in_block) {
@@ -1084,7 +1110,7 @@ static const char *filled(const struct orr *g, struct or_rewrite_memo *m, int i,
 static const char *rewritten(struct orr *g, lk_event *ev, const struct orc *x, const struct or_analysis *a,
 			     const char *sql, struct decision *d, bool to_leaf)
 {
-	struct or_names names = { g->mc, x->search_path ? x->search_path : OR_DEFAULT_PATH, NULL };
+	struct or_names names = { g->mc, path_of(x), NULL };
 	struct or_rewrite_memo *m = or_cache_memo(g->cache, a);
 	bool tmpl = to_leaf && d->first->kind != OR_K_COPY_TO_TABLE;
 	const char *org = tmpl ? ORG_ANY : d->org, *err;
@@ -1560,7 +1586,7 @@ static int route_now(struct orr *g, lk_event *ev, lk_client *c, struct orc *x)
 		goto done;
 	}
 	names.mc = g->mc;
-	names.search_path = x->search_path ? x->search_path : OR_DEFAULT_PATH;
+	names.search_path = path_of(x);
 	names.user = api->client_user(c);
 	/* A simple Query naming tables only: its analysis is shared by every
 	 * text that differs from it only by literals (normalize.c). */
@@ -1796,7 +1822,7 @@ static unsigned mm_keyword(const char *word, size_t n)
  */
 static unsigned may_matter(struct orr *g, const struct orc *x, const char *user, const char *sql, unsigned found)
 {
-	const char *path = x->search_path ? x->search_path : OR_DEFAULT_PATH;
+	const char *path = path_of(x);
 	char bufs[2][NAMEDATALEN_OR], *prev = bufs[0], *word = bufs[1];
 	bool prev_dot = false;
 	const unsigned char *p = (const unsigned char *)sql;
@@ -1938,7 +1964,7 @@ static int or_client_startup(lk_plugin *self, lk_event *ev)
 {
 	struct orr *g = G(self);
 	lk_client *c = api->ev_client(ev);
-	const char *db = api->client_database(c), *user = api->client_user(c);
+	const char *db = api->client_database(c);
 	struct orc *x;
 
 	if (!db || strcmp(db, "lokadb") == 0 || strcmp(db, "pgbouncer") == 0)
@@ -1949,8 +1975,7 @@ static int or_client_startup(lk_plugin *self, lk_event *ev)
 	if (!x)
 		return api->fail(ev, "53200", "out of memory");
 	startup_options(x, api->client_param(c, "options"));
-	x->sp_key = or_hash(x->search_path ? x->search_path : "", x->search_path ? strlen(x->search_path) : 0,
-			    or_hash(user, strlen(user), 0));
+	path_changed(x, c);
 	x->c = c;
 	x->g = g;
 	api->client_set_ctx(self, c, x);
@@ -2024,7 +2049,12 @@ static int or_txn_end(lk_plugin *self, lk_event *ev)
 	x->aff_txn = false;
 	set_owned(&x->local_org, NULL);
 	set_owned(&x->saved_org, NULL);
+	set_owned(&x->saved_path, NULL);
 	x->saved = false;
+	if (x->local_path) {
+		set_owned(&x->local_path, NULL);
+		path_changed(x, api->ev_client(ev));
+	}
 	return LK_CONTINUE;
 }
 
@@ -2053,6 +2083,8 @@ static int or_client_close(lk_plugin *self, lk_event *ev)
 	free(x->local_org);
 	free(x->saved_org);
 	free(x->search_path);
+	free(x->local_path);
+	free(x->saved_path);
 	free(x->cur);
 	free(x);
 	api->client_set_ctx(self, c, NULL);
