@@ -1194,10 +1194,13 @@ static void maybe_rewrite(struct orr *g, lk_event *ev, struct orc *x, const stru
  * organization. false: the statement has a leaf text of another
  * organization and cannot be parsed again: the Bind must fail.
  */
+static bool set_text(struct orr *g, lk_event *ev, struct orc *x, struct decision *d, const char *orig,
+		     const char *want, const char *cur);
+
 static bool bind_text(struct orr *g, lk_event *ev, struct orc *x, const struct or_analysis *a,
 		      struct decision *d, const char *orig, const char *cur)
 {
-	const char *want = orig, *name = api->query_statement(ev);
+	const char *want = orig;
 
 	if (g->rewrite && a->nstmts == 1 && d->first->rewritable && d->src == SRC_STATEMENT &&
 	    d->first->kind != OR_K_COPY_TO_TABLE && d->first->kind != OR_K_COPY_TO_QUERY) {
@@ -1210,6 +1213,19 @@ static bool bind_text(struct orr *g, lk_event *ev, struct orc *x, const struct o
 		if (g->route_log)
 			snprintf(d->target, sizeof(d->target), "%s", want);
 	}
+	return set_text(g, ev, x, d, orig, want, cur);
+}
+
+/*
+ * The server's text of the Bound statement (`cur`) to `want` (the client's
+ * own `orig`, or a leaf text), by parsing it again within the batch's
+ * limits (bind_text). false: it cannot be, and the Bind must fail.
+ */
+static bool set_text(struct orr *g, lk_event *ev, struct orc *x, struct decision *d, const char *orig,
+		     const char *want, const char *cur)
+{
+	const char *name = api->query_statement(ev);
+
 	if (strcmp(want, cur) == 0)
 		return true;
 	if (x->batch_reparses >= OR_REPARSE_MAX || !LK_API_HAS(api, query_reparse) ||
@@ -1407,6 +1423,35 @@ static bool want_inline(lk_event *ev, const struct or_analysis *a)
 	       LK_API_HAS(api, query_vars_inline) && api->query_vars_inline(ev) == 0;
 }
 
+/* The Bind whose statement cannot be parsed again (bind_text, set_text) fails. */
+static int reparse_refused(struct orr *g, lk_event *ev, struct decision *d)
+{
+	route_log(g, ev, d, "refused");
+	return api->fail(ev, "54000", "org_routing cannot parse statement \"%s\" again for organization "
+			 "%s: too many statements re-parsed in one pipeline (at most %d before a Sync)",
+			 api->query_statement(ev), d->org[0] ? d->org : "(none)", OR_REPARSE_MAX);
+}
+
+/*
+ * A message that touches no LokaDB table passes; a Bind of a statement whose
+ * server text the plugin changed (`orig` is then the client's text, not
+ * `sql`) gets the client's text back first: after a SET search_path its
+ * text may name no LokaDB table any more.
+ */
+static int pass_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *x, const char *orig,
+			const char *sql)
+{
+	g->n[N_PASSED]++;
+	give_affinity(g, c, x, predicted_org(x));
+	if ((orig != sql && api->query_type(ev) == 'B') || g->route_log) {
+		struct decision d = { .rewrite = "no", .prefix = "-" };
+		if (orig != sql && api->query_type(ev) == 'B' && !set_text(g, ev, x, &d, orig, orig, sql))
+			return reparse_refused(g, ev, &d);
+		route_log(g, ev, &d, "pass");
+	}
+	return LK_CONTINUE;
+}
+
 /* A message on LokaDB tables, or with session effects. */
 static int route_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *x, const struct or_analysis *a,
 			 const char *orig, const char *cur)
@@ -1443,12 +1488,8 @@ static int route_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 			g->n[N_ROUTED]++;
 			g->n[N_ORG_STATEMENT]++;
 		}
-		if (!bind_text(g, ev, x, a, &d, orig, cur)) {
-			route_log(g, ev, &d, "refused");
-			return api->fail(ev, "54000", "org_routing cannot parse statement \"%s\" again for organization "
-					 "%s: too many statements re-parsed in one pipeline (at most %d before a Sync)",
-					 api->query_statement(ev), d.org[0] ? d.org : "(none)", OR_REPARSE_MAX);
-		}
+		if (!bind_text(g, ev, x, a, &d, orig, cur))
+			return reparse_refused(g, ev, &d);
 		/* decided at the Parse: a later Bind (a new transaction) may need the prefix again */
 		x->inline_req = want_inline(ev, a);
 		ensure_org(g, ev, c, x, &d, plan_mode_for(g, ev, &d));
@@ -1575,14 +1616,9 @@ static int route_now(struct orr *g, lk_event *ev, lk_client *c, struct orc *x)
 		x->pcm = PCM_NONE;
 	}
 	if (!mm) {
-		g->n[N_PASSED]++;
 		g->n[N_PREFILTERED]++;
 		x->last_ends_txn = false;
-		give_affinity(g, c, x, predicted_org(x));
-		if (g->route_log) {
-			struct decision d = { .rewrite = "no", .prefix = "-" };
-			route_log(g, ev, &d, "pass");
-		}
+		rc = pass_message(g, ev, c, x, orig, sql);
 		goto done;
 	}
 	names.mc = g->mc;
@@ -1622,12 +1658,7 @@ static int route_now(struct orr *g, lk_event *ev, lk_client *c, struct orc *x)
 	if (a->parse_error)
 		g->n[N_PARSE_ERRORS]++;
 	if (!a->tables && !a->effects && !(a->executes && force_custom(g))) {
-		g->n[N_PASSED]++;
-		give_affinity(g, c, x, predicted_org(x));
-		if (g->route_log) {
-			struct decision d = { .rewrite = "no", .prefix = "-" };
-			route_log(g, ev, &d, "pass");
-		}
+		rc = pass_message(g, ev, c, x, orig, sql);
 		goto done;
 	}
 	rc = route_message(g, ev, c, x, a, orig, sql);

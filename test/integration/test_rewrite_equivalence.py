@@ -152,8 +152,6 @@ F8 = ("FINDING 8: a temporary table that hides a LokaDB table is not known: the 
       "addressed to the public leaf")
 F10 = ("FINDING 10: a search_path change that PostgreSQL undoes with its failed implicit transaction "
        "(SET search_path = ...; SELECT 1/0) is kept by org_routing")
-F11 = ("FINDING 11: a named statement on a leaf, bound again after SET search_path: PostgreSQL would "
-       "analyze the client's text again under the new path, lokadb runs the schema-qualified leaf text")
 F12 = ("FINDING 12: RowDescription gives the leaf's OID as the columns' table, not the table the client named")
 F13 = ("FINDING 13: a 9th named statement of a pipeline whose server text is another organization's leaf "
        "fails with 54000 (README 'Parsing again at the Bind': at most 8 re-parses per batch)")
@@ -676,7 +674,6 @@ def test_rewritten_statement_returns_what_postgresql_returns(eq_db, eq_lokadb, c
             check_route(case, mode, org, lines, what)
 
 
-@pytest.mark.xfail(strict=True, reason=F11)
 @pytest.mark.parametrize("literal", [False, True], ids=["parameter", "literal"])
 def test_a_named_statement_bound_after_a_search_path_change(eq_db, eq_lokadb, literal):
     sql = ("SELECT organization_id, id, title FROM documents WHERE organization_id = "
