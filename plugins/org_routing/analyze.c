@@ -765,6 +765,11 @@ static void level_insert(struct an *x, PgQuery__InsertStmt *ins)
 
 	if (!t || seen_before(x, ins->relation))
 		return;
+	/* ON CONFLICT (cols) / ON CONSTRAINT needs a unique index of the table
+	 * it names: a leaf has one, a LokaDB parent none (PostgreSQL: 42P10).
+	 * On the leaf it would work for isolated organizations only. */
+	if (ins->on_conflict_clause && ins->on_conflict_clause->infer)
+		x->st->rewritable = false;
 	r = add_ref(x, t, ins->relation);
 	if (!r)
 		return;
