@@ -24,8 +24,8 @@ organization, without org_routing) or `parent` (plugins on with org_routing's
 `rewrite = off`: statements stay on the parent, custom-planned once an
 organization is isolated) or `session` (plugins on with org_routing's
 `server_org = session`: the servers' lokadb.org is the client's own, none
-here, so no SET goes in front when the organization changes); it warms it with the measured workload
-and client count, measures `pgbench -M simple -c C -j 2` (`-j 1` for one
+here, so no SET goes in front when the organization changes); it warms it
+with the measured workload and client count, measures `pgbench -M simple -c C -j 2` (`-j 1` for one
 client; `--protocol extended`: `-M extended`, each statement the unnamed
 statement with its organization a parameter; `--protocol prepared`: `-M
 prepared`, a named statement prepared once per connection and then only

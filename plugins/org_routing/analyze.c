@@ -325,8 +325,7 @@ static bool const_text(const PgQuery__AConst *c, char *buf, size_t len, const ch
  */
 static bool cast_keeps_value(const PgQuery__TypeName *tn)
 {
-	static const char *const keep[] = { "int2", "int4", "int8", "smallint", "integer", "bigint", "int",
-					    "text", "varchar", "uuid" };
+	static const char *const keep[] = { "int2", "int4", "int8", "text", "varchar", "uuid" };
 	const Node *last;
 
 	if (!tn || tn->n_names == 0 || tn->n_typmods || tn->n_array_bounds || tn->setof || tn->pct_type)
@@ -615,21 +614,15 @@ static void from_item(struct an *x, struct level *lv, const Node *n, int path, i
 		return;
 	}
 	j = n->join_expr;
-	if (depth >= 15) {
-		fw->usable = false;
-		from_item(x, lv, j->larg, path, depth, fw);
-		from_item(x, lv, j->rarg, path, depth, fw);
-		for (int i = first; j->alias && i < lv->nitems; i++)
-			lv->items[i].hidden = true;
-		return;
-	}
-	lbit = 1 << (2 * depth);
-	rbit = 2 << (2 * depth);
-	from_item(x, lv, j->larg, path | lbit, depth + 1, fw);
-	from_item(x, lv, j->rarg, path | rbit, depth + 1, fw);
+	/* deeper than 15: the sides keep their parent's path (no bits left) */
+	lbit = depth < 15 ? 1 << (2 * depth) : 0;
+	rbit = depth < 15 ? 2 << (2 * depth) : 0;
+	fw->usable = fw->usable && depth < 15;
+	from_item(x, lv, j->larg, path | lbit, depth + !!lbit, fw);
+	from_item(x, lv, j->rarg, path | rbit, depth + !!rbit, fw);
 	for (int i = first; j->alias && i < lv->nitems; i++)
 		lv->items[i].hidden = true;
-	if (!j->quals || fw->non == (int)(sizeof(fw->on) / sizeof(fw->on[0])))
+	if (!lbit || !j->quals || fw->non == (int)(sizeof(fw->on) / sizeof(fw->on[0])))
 		return;
 	struct pending_on *p = &fw->on[fw->non];
 	p->q = j->quals;

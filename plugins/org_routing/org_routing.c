@@ -551,7 +551,7 @@ static const char *path_of(const struct orc *x)
 /* After a change of the path: the key of what was resolved along it (with the user). */
 static void path_changed(struct orc *x, lk_client *c)
 {
-	const char *p = x->local_path ? x->local_path : x->search_path ? x->search_path : "", *u = api->client_user(c);
+	const char *p = path_of(x), *u = api->client_user(c);
 
 	x->sp_key = or_hash(p, strlen(p), or_hash(u, strlen(u), 0));
 }
@@ -1441,11 +1441,13 @@ static int reparse_refused(struct orr *g, lk_event *ev, struct decision *d)
 static int pass_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *x, const char *orig,
 			const char *sql)
 {
+	bool back = orig != sql && api->query_type(ev) == 'B';
+
 	g->n[N_PASSED]++;
 	give_affinity(g, c, x, predicted_org(x));
-	if ((orig != sql && api->query_type(ev) == 'B') || g->route_log) {
+	if (back || g->route_log) {
 		struct decision d = { .rewrite = "no", .prefix = "-" };
-		if (orig != sql && api->query_type(ev) == 'B' && !set_text(g, ev, x, &d, orig, orig, sql))
+		if (back && !set_text(g, ev, x, &d, orig, orig, sql))
 			return reparse_refused(g, ev, &d);
 		route_log(g, ev, &d, "pass");
 	}
