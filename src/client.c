@@ -1494,6 +1494,40 @@ static bool ps_message(struct client *c, struct evbuffer *in, char type, uint32_
 	return !c->closing && !c->throttled;
 }
 
+#define PS_DEALLOC_MAX 1024	/* bytes of a Query or Parse looked at for a DEALLOCATE */
+
+/*
+ * SQL DEALLOCATE of one of the client's protocol-level statements
+ * (ps_deallocate), answered before a plugin sees it, as a Close is. -1: it
+ * is not one; else what client_message returns.
+ */
+static int dealloc_message(struct client *c, struct evbuffer *in, char type, uint32_t len)
+{
+	char *name;
+
+	if (len + 1 > PS_DEALLOC_MAX)
+		return -1;
+	if (!want_whole(c, in, len))
+		return 0;
+	if (!ps_deallocate_candidate(evbuffer_pullup(in, len + 1), len + 1) ||
+	    !(name = ps_deallocate_of(c, evbuffer_pullup(in, len + 1), len + 1)))
+		return -1;
+	if (!c->link) {
+		int r = client_acquire(c, in, type, len);
+		if (r <= 0) {
+			free(name);
+			return r < 0 && !c->closing;
+		}
+	}
+	c->request_time = rt->now;
+	note_sent_to_server(c, type == 'P' ? 'H' : 0);
+	ps_deallocate(c, type, name);
+	if (!c->closing)
+		drop_message(c, in, len);
+	check_server_output(c);
+	return !c->closing && !c->throttled;
+}
+
 /* A plugin's re-parse before a Bind: the bound statement gets the plugin's text on the server first. */
 static void send_reparse(struct client *c, struct lk_event *ev)
 {
@@ -1699,6 +1733,11 @@ static bool client_message(struct client *c, struct evbuffer *in)
 	if (hdr[0] == 'Q' && rt->cf->disable_pqexec) {	/* as PgBouncer; the console above keeps it */
 		client_close(c, "08P01", "PQexec disallowed");
 		return false;
+	}
+	if (c->ps_on && (hdr[0] == 'Q' || hdr[0] == 'P') && !c->skip_to_sync && !c->qev) {
+		int r = dealloc_message(c, in, (char)hdr[0], len);
+		if (r >= 0)
+			return r;
 	}
 	if (c->skip_to_sync || c->watch || c->qev) {
 		if (c->skip_to_sync)

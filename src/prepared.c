@@ -27,6 +27,7 @@
  *   rq_push rq_at rq_pop rq_remove rq_free   the queue as a data structure
  *   server_expect rq_flush_synth rq_discard_batch
  *   ps_parse ps_bind ps_describe ps_close ps_reparse
+ *   ps_deallocate_candidate ps_deallocate rq_query_failed
  *   ps_statements_dropped ps_*_count ps_*_free
  */
 #include "core.h"
@@ -36,6 +37,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+
+#include <pg_query.h>
+#include <pg_query/pg_query.pb-c.h>
 
 #define PS_NAME_MAX 32		/* "LOKADB_" + 20 digits + NUL */
 #define PS_TABLE_MIN 16
@@ -890,4 +895,130 @@ bool ps_reparse(struct client *c, const char *name, const char *sql)
 		return false;
 	cname_del(c, cn);
 	return cname_add(c, name, e);
+}
+
+/* ================= SQL DEALLOCATE of a protocol-level name ================= */
+
+/*
+ * The statement the server runs in place of the client's DEALLOCATE: the
+ * server does not have the client's name (its statement is LOKADB_<id>,
+ * maybe shared), yet the client must get what PostgreSQL would give it:
+ * the tag DEALLOCATE, or in a failed transaction the error 25P02, with the
+ * transaction's state kept. So the server prepares and deallocates a
+ * statement of the pooler's own.
+ */
+#define DEALLOC_STMT "lokadb_deallocate"
+
+bool ps_deallocate_candidate(const uint8_t *msg, uint32_t have)
+{
+	uint32_t off = 5;
+
+	if (msg[0] == 'P') {
+		if (have < 6 || msg[5] != 0)
+			return false;	/* a named Parse: the statement is not run by it */
+		off = 6;
+	}
+	while (off < have && (msg[off] == ' ' || msg[off] == '\t' || msg[off] == '\n' || msg[off] == '\r'))
+		off++;
+	return have - off >= 10 && strncasecmp((const char *)msg + off, "deallocate", 10) == 0;
+}
+
+/* The name of `DEALLOCATE [PREPARE] name` when that is all of sql (malloc'd), else NULL. */
+static char *deallocate_name(const char *sql)
+{
+	PgQueryProtobufParseResult pr = pg_query_parse_protobuf(sql);
+	PgQuery__ParseResult *tree = NULL;
+	char *name = NULL;
+
+	if (!pr.error)
+		tree = pg_query__parse_result__unpack(NULL, pr.parse_tree.len, (const uint8_t *)pr.parse_tree.data);
+	if (tree && tree->n_stmts == 1 && tree->stmts[0]->stmt &&
+	    tree->stmts[0]->stmt->node_case == PG_QUERY__NODE__NODE_DEALLOCATE_STMT &&
+	    tree->stmts[0]->stmt->deallocate_stmt->name && tree->stmts[0]->stmt->deallocate_stmt->name[0])
+		name = xstrdup(tree->stmts[0]->stmt->deallocate_stmt->name);
+	if (tree)
+		pg_query__parse_result__free_unpacked(tree, NULL);
+	pg_query_free_protobuf_parse_result(pr);
+	return name;
+}
+
+char *ps_deallocate_of(struct client *c, const uint8_t *msg, uint32_t mlen)
+{
+	const char *sql, *pname = "";
+	uint32_t off = 5;
+	char *name;
+
+	if (msg[0] == 'P' && (!cstring(msg, mlen, &off, &pname) || pname[0]))
+		return NULL;
+	if (!cstring(msg, mlen, &off, &sql))
+		return NULL;
+	if (msg[0] == 'P' && (mlen - off != 2 || pkt_get_u16(msg + off) != 0))
+		return NULL;		/* with parameter types: PostgreSQL says what is wrong */
+	if (msg[0] == 'Q' && off != mlen)
+		return NULL;
+	name = deallocate_name(sql);
+	if (name && !cname_find(c, name, NULL)) {
+		free(name);
+		return NULL;		/* not the client's protocol-level statement: the server's business */
+	}
+	return name;
+}
+
+void ps_deallocate(struct client *c, char type, char *name)
+{
+	struct server *s = c->link;
+	struct ps_cname *cn = cname_find(c, name, NULL);
+	struct ps_entry *e;
+	struct rq_item *it;
+
+	if (!cn) {		/* ps_deallocate_of() said it was there */
+		free(name);
+		return;
+	}
+	e = entry_ref(cn->e);
+	cname_del(c, cn);
+	if (type == 'Q') {
+		it = server_expect(s, 'Q', RQ_FWD);
+		pkt_query(&rt->pb, "PREPARE " DEALLOC_STMT " AS SELECT; DEALLOCATE " DEALLOC_STMT);
+		if (it)
+			it->hide_cc = 1;	/* PREPARE's */
+	} else {
+		c->pool->stats.client_parse_count++;
+		s->pool->stats.server_parse_count += 2;
+		/* a Close first: a batch that never ran its Execute leaves the statement */
+		pkt_close(&rt->pb, 'S', DEALLOC_STMT);
+		pkt_begin(&rt->pb, 'P');
+		pkt_put_string(&rt->pb, DEALLOC_STMT);
+		pkt_put_string(&rt->pb, "SELECT");
+		pkt_put_int16(&rt->pb, 0);
+		pkt_end(&rt->pb);
+		pkt_begin(&rt->pb, 'P');
+		pkt_put_string(&rt->pb, "");
+		pkt_put_string(&rt->pb, "DEALLOCATE " DEALLOC_STMT);
+		pkt_put_int16(&rt->pb, 0);
+		pkt_end(&rt->pb);
+		it = server_expect(s, 'C', RQ_HIDE) && server_expect(s, 'P', RQ_HIDE) ? server_expect(s, 'P', RQ_FWD) : NULL;
+	}
+	if (it) {
+		/* undone when it fails (rq_discard_batch, rq_query_failed) */
+		it->undo = RQ_UNDO_CL_CLOSE;
+		it->e = entry_ref(e);
+		it->name = name;
+		name = NULL;
+		pkt_send(&rt->pb, bufferevent_get_output(s->bev));
+	} else {
+		pkt_reset(&rt->pb);
+	}
+	free(name);
+	entry_unref(e);
+}
+
+void rq_query_failed(struct server *s)
+{
+	struct rq_item *head = rq_head(&s->rq);
+
+	if (head && head->type == 'Q' && head->name) {
+		head->hide_cc = 0;
+		name_undo(s, 0, head);
+	}
 }

@@ -120,6 +120,22 @@ int ps_close(struct client *c, const uint8_t *msg, uint32_t mlen);
  * names are not all in the `have` bytes.
  */
 int ps_bind(struct client *c, const uint8_t *msg, uint32_t have, uint32_t mlen, uint32_t *used);
+/*
+ * SQL `DEALLOCATE [PREPARE] name` of one of the client's protocol-level
+ * statements, as a Query or the Parse of the unnamed statement (psycopg's
+ * way with libpq before 17): the client's name is forgotten and the server
+ * runs an equivalent of the pooler's own, so that the reply and the
+ * transaction state are PostgreSQL's. ps_deallocate_candidate: the start of
+ * the message (`have` bytes) says it may be one (no parse).
+ * ps_deallocate_of: the name when the whole message is one (malloc'd), else
+ * NULL (another name, other SQL: the server's business). ps_deallocate:
+ * sends it on the linked server, `name` given to it.
+ */
+bool ps_deallocate_candidate(const uint8_t *msg, uint32_t have);
+char *ps_deallocate_of(struct client *c, const uint8_t *msg, uint32_t mlen);
+void ps_deallocate(struct client *c, char type, char *name);
+/* An ErrorResponse to the Query at the head of the queue: a DEALLOCATE's name comes back. */
+void rq_query_failed(struct server *s);
 /* A plugin's query_reparse at a Bind of a named statement: the name now stands for `sql` (same parameter types). */
 bool ps_reparse(struct client *c, const char *name, const char *sql);
 

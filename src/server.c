@@ -861,6 +861,7 @@ static bool inspect_message(struct server *s, struct evbuffer *in, const uint8_t
 		struct rq_item *head = rq_head(&s->rq);
 		s->copy_in = false;	/* an error ends COPY IN */
 		s->ext_err = true;	/* values sent inside the batch did not stick */
+		rq_query_failed(s);
 		if (head && head->type == 'Q' && head->vars) {
 			head->hide_cc = 0;	/* the Query stops here: no SET's reply comes after */
 			head->vars_err = true;

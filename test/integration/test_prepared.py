@@ -349,6 +349,108 @@ def test_deallocate_all_and_discard_all_forget_the_clients_names(bouncer_factory
     w.close()
 
 
+# ------------------------------------------ SQL DEALLOCATE of a client name --
+
+def status_of(res):
+    return res.messages[-1][1].decode()
+
+
+def test_sql_deallocate_of_a_protocol_statement_forgets_the_name(bouncer_factory):
+    """SQL DEALLOCATE of a name the client prepared with Parse: lokadb
+    forgets the name and gives PostgreSQL's reply (tag DEALLOCATE, the
+    transaction status kept); the server keeps no statement of it."""
+    b = make(bouncer_factory, default_pool_size=1)
+    w = b.login("p0")
+    assert types(batch(w, P("x", "select 11"), P("Y", "select 12"), P("z", "select 13"), S)) == "111Z"
+    res = w.query("DEALLOCATE x")
+    assert res.tags == ["DEALLOCATE"] and status_of(res) == "I"
+    err = error_of(batch(w, B("x"), E(), S))
+    assert err["C"] == "26000" and err["M"] == 'prepared statement "x" does not exist'
+    # inside a transaction block, quoted, with PREPARE: the block goes on
+    w.query("begin")
+    res = w.query(' deallocate prepare "Y" ;')
+    assert res.tags == ["DEALLOCATE"] and status_of(res) == "T"
+    assert w.query("commit").tags == ["COMMIT"]
+    assert error_of(batch(w, B("Y"), E(), S))["C"] == "26000"
+    # the names are free again, for other texts
+    m = batch(w, P("x", "select 21"), B("x"), E(), P("Y", "select 22"), B("Y"), E(), S)
+    assert types(m) == "12DC12DCZ" and rows(m) == ["21", "22"]
+    # a name the client does not have: PostgreSQL's own error, by name
+    res = w.query("DEALLOCATE nosuch", raise_error=False)
+    assert res.error.sqlstate == "26000" and 'prepared statement "nosuch" does not exist' in str(res.error)
+    names = w.scalar("select string_agg(name, ',' order by name) from pg_prepared_statements")
+    assert all(n.startswith("LOKADB_") for n in names.split(","))
+    assert console_row(b, "clients", lambda r: r["prepared_statements"] == "3")
+    w.close()
+
+
+def test_sql_deallocate_in_a_failed_transaction_fails_and_keeps_the_name(bouncer_factory):
+    b = make(bouncer_factory, default_pool_size=1)
+    w = b.login("p0")
+    assert types(batch(w, P("k", "select 5"), S)) == "1Z"
+    w.query("begin")
+    assert w.query("select 1/0", raise_error=False).error.sqlstate == "22012"
+    res = w.query("DEALLOCATE k", raise_error=False)
+    assert res.error.sqlstate == "25P02" and res.tags == [] and status_of(res) == "E"
+    m = batch(w, P("", "DEALLOCATE k"), B(""), E(), S)
+    assert error_of(m)["C"] == "25P02" and ready_status(m) == "E"
+    w.query("rollback")
+    assert rows(batch(w, B("k"), E(), S)) == ["5"]
+    # and then it goes
+    assert w.query("DEALLOCATE k").tags == ["DEALLOCATE"]
+    assert error_of(batch(w, B("k"), E(), S))["C"] == "26000"
+    w.close()
+
+
+def test_sql_deallocate_in_an_extended_batch_answers_in_pipeline_order(bouncer_factory):
+    """The unnamed Parse/Bind/Describe/Execute of DEALLOCATE, as psycopg
+    sends it with libpq before 17: the replies PostgreSQL gives, in order
+    with the batch's other messages; an earlier error skips it and keeps
+    the name."""
+    b = make(bouncer_factory, default_pool_size=1)
+    w = b.login("p0")
+    assert types(batch(w, P("a", "select 1"), P("b", "select 2"), S)) == "11Z"
+    m = batch(w, B("a"), E(), P("", "DEALLOCATE a"), B(""), D(b"P", ""), E(), B("b"), E(), S)
+    assert types(m) == "2DC12nC2DCZ"
+    assert [p.rstrip(b"\0").decode() for t, p in m if t == b"C"] == ["SELECT 1", "DEALLOCATE", "SELECT 1"]
+    assert rows(m) == ["1", "2"]
+    assert error_of(batch(w, B("a"), E(), S))["C"] == "26000"
+    # skipped after an error: "b" stays
+    m = batch(w, P("", "select 1/0"), B(""), E(), P("", "DEALLOCATE b"), B(""), E(), S)
+    assert error_of(m)["C"] == "22012" and types(m) == "1EZ"   # 1/0 folded at the Bind
+    assert rows(batch(w, B("b"), E(), S)) == ["2"]
+    # a batch that never executes it leaves nothing on the server for the next one
+    assert types(batch(w, P("", "DEALLOCATE b"), S)) == "1Z"
+    assert types(batch(w, P("c", "select 3"), S)) == "1Z"
+    m = batch(w, P("", "DEALLOCATE c"), B(""), E(), S)
+    assert types(m) == "12CZ"
+    names = w.scalar("select string_agg(name, ',' order by name) from pg_prepared_statements")
+    assert all(n.startswith("LOKADB_") for n in names.split(","))
+    w.close()
+
+
+def test_psycopg_over_prepared_max_deallocates_in_transaction_pooling(bouncer_factory):
+    """psycopg keeps prepared_max statements and drops the oldest with SQL
+    DEALLOCATE: in transaction pooling that works, also inside a
+    transaction, and every result is right."""
+    b = make(bouncer_factory, default_pool_size=2)
+    with b.connect("p0", prepare_threshold=0) as c, b.connect("p0", prepare_threshold=0) as other:
+        c.prepared_max = 3
+        for rnd in range(3):
+            with c.transaction():
+                for k in range(8):
+                    assert c.execute(f"select %s::int + {k}", (rnd,)).fetchone()[0] == rnd + k
+            for k in range(8):
+                assert c.execute(f"select %s::int * {k + 1}", (rnd,)).fetchone()[0] == rnd * (k + 1)
+                assert other.execute("select %s::int", (k,)).fetchone()[0] == k
+        with c.pipeline():
+            curs = [c.execute(f"select %s::int - {k}", (10,)) for k in range(8)]
+        assert [cur.fetchone()[0] for cur in curs] == [10 - k for k in range(8)]
+    rows_ = b.admin_dicts("show clients")
+    assert all(int(r["prepared_statements"]) <= 3 for r in rows_ if r["database"] == "p0")
+    assert_serves(b)
+
+
 # --------------------------------------------------------------- eviction --
 
 def test_max_prepared_statements_2_evicts_and_reprepares_with_right_results(bouncer_factory):

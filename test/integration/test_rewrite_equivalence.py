@@ -638,14 +638,11 @@ def check_route(case, mode, org, lines, what):
 
 
 def _conn(port, dbname):
-    c = psycopg.connect(host="127.0.0.1", port=port, dbname=dbname, user=USER, autocommit=True,
-                        sslmode="disable", gssencmode="disable", connect_timeout=int(10 * SLOW),
-                        prepare_threshold=100)        # (prepare=True prepares; nothing else does)
-    # Over prepared_max psycopg drops its oldest statement with SQL DEALLOCATE (a libpq before 17
-    # cannot send Close), which lokadb's transaction pooling does not follow (doc/usage.md): the
-    # corpus's statements all fit.
-    c.prepared_max = 1000
-    return c
+    # psycopg's default prepared_max (100) is below the corpus's statements: over it psycopg drops
+    # its oldest with SQL DEALLOCATE, which lokadb answers in transaction pooling (doc/usage.md)
+    return psycopg.connect(host="127.0.0.1", port=port, dbname=dbname, user=USER, autocommit=True,
+                           sslmode="disable", gssencmode="disable", connect_timeout=int(10 * SLOW),
+                           prepare_threshold=100)     # (prepare=True prepares; nothing else does)
 
 
 # ------------------------------------------------------------------ tests --
