@@ -133,12 +133,22 @@ static char *dup_or_oom(struct an *x, const char *s)
 	return d;
 }
 
+bool or_temps_has(const struct or_temps *t, const char *name, size_t len)
+{
+	for (int i = 0; t && i < t->n; i++)
+		if (strlen(t->v[i].name) == len && memcmp(t->v[i].name, name, len) == 0)
+			return true;
+	return false;
+}
+
 const struct mc_table *or_resolve(const struct or_names *names, const char *schema, const char *rel)
 {
 	if (!names->mc || !rel || !*rel)
 		return NULL;
 	if (schema && *schema)
 		return names->mc->table(schema, rel);
+	if (or_temps_has(names->temps, rel, strlen(rel)))
+		return NULL;	/* the session's temporary relation comes first */
 	return names->mc->table_search(rel, names->search_path, names->user);
 }
 
@@ -981,6 +991,65 @@ static void effect_set_config(struct an *x, const PgQuery__SelectStmt *s)
 		x->a->params = true;
 }
 
+static bool temp_schema(const char *s)
+{
+	return s && (strcmp(s, "pg_temp") == 0 || strncmp(s, "pg_temp_", 8) == 0);
+}
+
+/* A temporary relation made: CREATE TEMP TABLE/VIEW, CREATE TEMP TABLE AS, SELECT INTO TEMP. */
+static void effect_temp(struct an *x, const PgQuery__RangeVar *rv, bool at_commit)
+{
+	if (!rv || !rv->relname || !*rv->relname ||
+	    !((rv->relpersistence && strcmp(rv->relpersistence, "t") == 0) || temp_schema(rv->schemaname)))
+		return;
+	x->st->effect = OR_FX_TEMP_CREATE;
+	x->st->is_local = at_commit;
+	x->st->val.value = dup_or_oom(x, rv->relname);
+}
+
+/* DROP TABLE/VIEW: its unqualified (or pg_temp.) names, NUL after each and an empty one last. */
+static void effect_drop(struct an *x, const PgQuery__DropStmt *d)
+{
+	size_t len = 1, o = 0;
+	char *v = NULL;
+
+	if (d->remove_type != PG_QUERY__OBJECT_TYPE__OBJECT_TABLE && d->remove_type != PG_QUERY__OBJECT_TYPE__OBJECT_VIEW)
+		return;
+	for (int pass = 0; pass < 2; pass++) {
+		for (size_t i = 0; i < d->n_objects; i++) {
+			const Node *o_ = d->objects[i];
+			const char *name;
+			if (!o_ || o_->node_case != PG_QUERY__NODE__NODE_LIST)
+				continue;
+			if (o_->list->n_items == 1)
+				name = str_of(o_->list->items[0]);
+			else if (o_->list->n_items == 2 && temp_schema(str_of(o_->list->items[0])))
+				name = str_of(o_->list->items[1]);
+			else
+				continue;
+			if (!name || !*name)
+				continue;
+			if (pass == 0) {
+				len += strlen(name) + 1;
+			} else {
+				memcpy(v + o, name, strlen(name) + 1);
+				o += strlen(name) + 1;
+			}
+		}
+		if (pass == 0) {
+			if (len == 1)
+				return;
+			if (!(v = malloc(len))) {
+				x->oom = true;
+				return;
+			}
+		}
+	}
+	v[o] = 0;
+	x->st->effect = OR_FX_TEMP_DROP;
+	x->st->val.value = v;
+}
+
 static void effects(struct an *x, const Node *n)
 {
 	switch (n->node_case) {
@@ -988,7 +1057,21 @@ static void effects(struct an *x, const Node *n)
 		effect_set(x, n->variable_set_stmt);
 		break;
 	case PG_QUERY__NODE__NODE_SELECT_STMT:
-		effect_set_config(x, n->select_stmt);
+		if (n->select_stmt->into_clause)
+			effect_temp(x, n->select_stmt->into_clause->rel,
+				    n->select_stmt->into_clause->on_commit == PG_QUERY__ON_COMMIT_ACTION__ONCOMMIT_DROP);
+		else
+			effect_set_config(x, n->select_stmt);
+		break;
+	case PG_QUERY__NODE__NODE_CREATE_STMT:
+		effect_temp(x, n->create_stmt->relation,
+			    n->create_stmt->oncommit == PG_QUERY__ON_COMMIT_ACTION__ONCOMMIT_DROP);
+		break;
+	case PG_QUERY__NODE__NODE_VIEW_STMT:
+		effect_temp(x, n->view_stmt->view, false);
+		break;
+	case PG_QUERY__NODE__NODE_DROP_STMT:
+		effect_drop(x, n->drop_stmt);
 		break;
 	case PG_QUERY__NODE__NODE_EXECUTE_STMT:
 		x->a->executes = true;
@@ -1001,10 +1084,15 @@ static void effects(struct an *x, const Node *n)
 		if (n->create_table_as_stmt->query &&
 		    n->create_table_as_stmt->query->node_case == PG_QUERY__NODE__NODE_EXECUTE_STMT)
 			x->a->executes = true;
+		if (n->create_table_as_stmt->into)
+			effect_temp(x, n->create_table_as_stmt->into->rel,
+				    n->create_table_as_stmt->into->on_commit == PG_QUERY__ON_COMMIT_ACTION__ONCOMMIT_DROP);
 		break;
 	case PG_QUERY__NODE__NODE_DISCARD_STMT:
 		if (n->discard_stmt->target == PG_QUERY__DISCARD_MODE__DISCARD_ALL)
-			x->st->effect = OR_FX_RESET_ALL;
+			x->st->effect = OR_FX_DISCARD_ALL;
+		else if (n->discard_stmt->target == PG_QUERY__DISCARD_MODE__DISCARD_TEMP)
+			x->st->effect = OR_FX_DISCARD_TEMP;
 		break;
 	case PG_QUERY__NODE__NODE_TRANSACTION_STMT:
 		switch (n->transaction_stmt->kind) {

@@ -145,8 +145,7 @@ struct or_pstmt {
 	struct or_pstmt *next;
 };
 #define OR_PSTMT_MAX 256
-#define OR_REPARSE_MAX 8		/* re-parses per batch (the core's limit per server) */
-#define OR_REPARSE_LEAF_MAX 4		/* ... of which to a leaf */
+#define OR_REPARSE_LEAF_MAX 4		/* re-parses to a leaf per batch */
 
 /* The plan_cache_mode values org_routing gives servers (README "Generic plans"). */
 enum { PCM_NONE, PCM_CUSTOM, PCM_AUTO };
@@ -161,6 +160,7 @@ struct orc {
 	char *search_path;		/* NULL: PostgreSQL's default */
 	char *local_path;		/* SET LOCAL search_path, until the transaction ends */
 	char *saved_path;		/* search_path at BEGIN, back on ROLLBACK (with `saved`) */
+	struct or_temps temps;		/* the session's temporary tables and views (they hide tables) */
 	uint64_t sp_key;
 	char *cur;			/* lokadb.org the client's server has ("" = none) */
 	bool cur_valid;
@@ -548,12 +548,59 @@ static const char *path_of(const struct orc *x)
 	return x->local_path ? x->local_path : x->search_path ? x->search_path : OR_DEFAULT_PATH;
 }
 
-/* After a change of the path: the key of what was resolved along it (with the user). */
+/* After a change of the path or of the temporary relations: the key of what was resolved along it (with the user). */
 static void path_changed(struct orc *x, lk_client *c)
 {
 	const char *p = path_of(x), *u = api->client_user(c);
 
 	x->sp_key = or_hash(p, strlen(p), or_hash(u, strlen(u), 0));
+	for (int i = 0; i < x->temps.n; i++)
+		x->sp_key = or_hash(x->temps.v[i].name, strlen(x->temps.v[i].name) + 1, x->sp_key);
+}
+
+static void temp_del(struct or_temps *t, int i)
+{
+	free(t->v[i].name);
+	t->v[i] = t->v[--t->n];
+}
+
+/* A temporary relation made (ON COMMIT DROP: at_commit; inside a transaction block: in_block). */
+static void temps_add(struct or_temps *t, const char *name, bool at_commit, bool in_block)
+{
+	if (!name || or_temps_has(t, name, strlen(name)))
+		return;
+	if (t->n == t->cap) {
+		int cap = t->cap ? 2 * t->cap : 4;
+		struct or_temp *v = realloc(t->v, (size_t)cap * sizeof(*v));
+		if (!v)
+			return;
+		t->v = v;
+		t->cap = cap;
+	}
+	t->v[t->n].name = strdup(name);
+	if (!t->v[t->n].name)
+		return;
+	t->v[t->n].at_commit = at_commit;
+	t->v[t->n].in_block = in_block;
+	t->n++;
+}
+
+/* Forget the temporary relations: all, those of a rolled-back block, or those dropped at commit. */
+enum { TEMPS_ALL, TEMPS_ROLLBACK, TEMPS_COMMIT };
+static bool temps_end(struct or_temps *t, int how)
+{
+	bool changed = false;
+
+	for (int i = t->n; i-- > 0;) {
+		if (how == TEMPS_ALL || (how == TEMPS_ROLLBACK && t->v[i].in_block) ||
+		    (how == TEMPS_COMMIT && t->v[i].at_commit)) {
+			temp_del(t, i);
+			changed = true;
+		} else if (how == TEMPS_COMMIT) {
+			t->v[i].in_block = false;
+		}
+	}
+	return changed;
 }
 
 /* ================= deciding ================= */
@@ -629,7 +676,7 @@ static void decide_org(lk_event *ev, const struct orc *x, const struct or_analys
 		d->first = st;
 		for (int k = 0; k < i; k++)
 			if (a->stmts[k].effect == OR_FX_SET_ORG || a->stmts[k].effect == OR_FX_RESET_ORG ||
-			    a->stmts[k].effect == OR_FX_RESET_ALL)
+			    a->stmts[k].effect == OR_FX_RESET_ALL || a->stmts[k].effect == OR_FX_DISCARD_ALL)
 				d->after_set = true;
 		d->src = src;
 		d->params = params && src == SRC_STATEMENT;
@@ -698,6 +745,24 @@ static void apply_effect(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 		set_cur(&x->cur, "");
 		x->cur_valid = true;
 		break;
+	case OR_FX_TEMP_CREATE:
+		temps_add(&x->temps, st->val.value, st->is_local, in_block);
+		path_changed(x, c);
+		return;
+	case OR_FX_TEMP_DROP:
+		for (const char *n = st->val.value; n && *n; n += strlen(n) + 1)
+			for (int i = x->temps.n; i-- > 0;)
+				if (strcmp(x->temps.v[i].name, n) == 0)
+					temp_del(&x->temps, i);
+		path_changed(x, c);
+		return;
+	case OR_FX_DISCARD_TEMP:
+		if (temps_end(&x->temps, TEMPS_ALL))
+			path_changed(x, c);
+		return;
+	case OR_FX_DISCARD_ALL:
+		temps_end(&x->temps, TEMPS_ALL);
+		/* fall through */
 	case OR_FX_RESET_ALL:
 		forget_var(ev, "lokadb.org");
 		forget_var(ev, "plan_cache_mode");
@@ -735,6 +800,7 @@ static void apply_effect(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 			set_owned(&x->search_path, x->saved_path);
 		}
 		set_owned(&x->local_path, NULL);
+		temps_end(&x->temps, TEMPS_ROLLBACK);
 		path_changed(x, c);
 		set_owned(&x->local_org, NULL);
 		x->cur_valid = false;
@@ -1110,7 +1176,7 @@ static const char *filled(const struct orr *g, struct or_rewrite_memo *m, int i,
 static const char *rewritten(struct orr *g, lk_event *ev, const struct orc *x, const struct or_analysis *a,
 			     const char *sql, struct decision *d, bool to_leaf)
 {
-	struct or_names names = { g->mc, path_of(x), NULL };
+	struct or_names names = { g->mc, path_of(x), NULL, &x->temps };
 	struct or_rewrite_memo *m = or_cache_memo(g->cache, a);
 	bool tmpl = to_leaf && d->first->kind != OR_K_COPY_TO_TABLE;
 	const char *org = tmpl ? ORG_ANY : d->org, *err;
@@ -1187,12 +1253,13 @@ static void maybe_rewrite(struct orr *g, lk_event *ev, struct orc *x, const stru
  *
  * Each re-parse costs the server a Parse (or, with the core's prepared
  * statements, a Parse once per text and connection), so a batch (up to the
- * server's next idle ReadyForQuery, or a Query) gets at most OR_REPARSE_MAX
- * of them, and only the first OR_REPARSE_LEAF_MAX may go to a leaf: after
- * that the statement
- * stays on (or goes back to) the client's text, which is right for every
- * organization. false: the statement has a leaf text of another
- * organization and cannot be parsed again: the Bind must fail.
+ * server's next idle ReadyForQuery, or a Query) gets at most
+ * OR_REPARSE_LEAF_MAX of them to a leaf, and none inside a pipeline: after
+ * that the statement stays on (or goes back to) the client's text, which
+ * is right for every organization. Going back is never refused: it costs
+ * one Parse, as the unnamed statement does at every Bind. false: the
+ * statement has a leaf text of another organization and cannot be parsed
+ * again (a core without query_reparse): the Bind must fail.
  */
 static bool set_text(struct orr *g, lk_event *ev, struct orc *x, struct decision *d, const char *orig,
 		     const char *want, const char *cur);
@@ -1228,8 +1295,7 @@ static bool set_text(struct orr *g, lk_event *ev, struct orc *x, struct decision
 
 	if (strcmp(want, cur) == 0)
 		return true;
-	if (x->batch_reparses >= OR_REPARSE_MAX || !LK_API_HAS(api, query_reparse) ||
-	    api->query_reparse(ev, want) != 0) {
+	if (!LK_API_HAS(api, query_reparse) || api->query_reparse(ev, want) != 0) {
 		/* the server has another organization's leaf text: the Bind must not run with it */
 		d->rewrite = "failed";
 		g->n[N_REPARSE_REFUSED]++;
@@ -1418,7 +1484,9 @@ static bool want_inline(lk_event *ev, const struct or_analysis *a)
 	bool q = api->query_type(ev) == 'Q';
 	int last = q ? OR_K_DELETE : OR_K_COPY_FROM;
 
-	return a->nstmts == 1 && !a->effects && !a->ends_txn && !a->parse_error && st->effect == OR_FX_NONE &&
+	/* (making a temporary table is no effect on what the values set) */
+	return a->nstmts == 1 && !a->ends_txn && !a->parse_error &&
+	       (st->effect == OR_FX_NONE || st->effect == OR_FX_TEMP_CREATE) &&
 	       ((st->kind >= OR_K_SELECT && st->kind <= last) || a->executes || (!q && st->batchable)) &&
 	       LK_API_HAS(api, query_vars_inline) && api->query_vars_inline(ev) == 0;
 }
@@ -1427,9 +1495,9 @@ static bool want_inline(lk_event *ev, const struct or_analysis *a)
 static int reparse_refused(struct orr *g, lk_event *ev, struct decision *d)
 {
 	route_log(g, ev, d, "refused");
-	return api->fail(ev, "54000", "org_routing cannot parse statement \"%s\" again for organization "
-			 "%s: too many statements re-parsed in one pipeline (at most %d before a Sync)",
-			 api->query_statement(ev), d->org[0] ? d->org : "(none)", OR_REPARSE_MAX);
+	return api->fail(ev, "0A000", "org_routing cannot parse statement \"%s\" again for organization "
+			 "%s: its text on the server is another organization's and the core cannot parse it again",
+			 api->query_statement(ev), d->org[0] ? d->org : "(none)");
 }
 
 /*
@@ -1626,6 +1694,7 @@ static int route_now(struct orr *g, lk_event *ev, lk_client *c, struct orc *x)
 	names.mc = g->mc;
 	names.search_path = path_of(x);
 	names.user = api->client_user(c);
+	names.temps = &x->temps;
 	/* A simple Query naming tables only: its analysis is shared by every
 	 * text that differs from it only by literals (normalize.c). */
 	if (type == 'Q' && mm == MM_TABLE && (nm.text || or_normalize(orig, &nm))) {
@@ -1773,6 +1842,8 @@ static bool word_is_table(struct orr *g, const struct orc *x, const char *word, 
 	uint64_t key = cat_key(g), h = or_hash(word, n, x->sp_key);
 	struct word_memo *m;
 
+	if (or_temps_has(&x->temps, word, n))
+		return true;	/* the session's temporary relation: parsed, so that its DROP is seen */
 	if (!g->words && !(g->words = calloc(WORD_MEMO, sizeof(*g->words))))
 		return g->mc->table_search(word, path, user) != NULL;
 	m = &g->words[h % WORD_MEMO];
@@ -2084,7 +2155,7 @@ static int or_txn_end(lk_plugin *self, lk_event *ev)
 	set_owned(&x->saved_org, NULL);
 	set_owned(&x->saved_path, NULL);
 	x->saved = false;
-	if (x->local_path) {
+	if (temps_end(&x->temps, TEMPS_COMMIT) | (x->local_path != NULL)) {
 		set_owned(&x->local_path, NULL);
 		path_changed(x, api->ev_client(ev));
 	}
@@ -2118,6 +2189,8 @@ static int or_client_close(lk_plugin *self, lk_event *ev)
 	free(x->search_path);
 	free(x->local_path);
 	free(x->saved_path);
+	temps_end(&x->temps, TEMPS_ALL);
+	free(x->temps.v);
 	free(x->cur);
 	free(x);
 	api->client_set_ctx(self, c, NULL);

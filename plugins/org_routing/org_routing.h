@@ -51,6 +51,12 @@ enum or_effect {
 	OR_FX_RESET_PATH,	/* RESET search_path */
 	OR_FX_BEGIN,		/* BEGIN / START TRANSACTION */
 	OR_FX_ROLLBACK,		/* ROLLBACK / ABORT (the session's SETs of the block revert) */
+	OR_FX_TEMP_CREATE,	/* CREATE TEMP TABLE/VIEW, CREATE TEMP TABLE AS, SELECT INTO TEMP:
+				 * value = the name; is_local: ON COMMIT DROP */
+	OR_FX_TEMP_DROP,	/* DROP TABLE/VIEW: value = the unqualified (or pg_temp.) names,
+				 * each ended by a NUL, the list by an empty one */
+	OR_FX_DISCARD_TEMP,	/* DISCARD TEMP */
+	OR_FX_DISCARD_ALL,	/* DISCARD ALL: RESET ALL and DISCARD TEMP */
 };
 
 /* How a statement reads or writes its LokaDB tables. */
@@ -75,7 +81,8 @@ struct or_stmt {
 				 * messages of a batch (DECLARE, LOCK, TRUNCATE, CREATE
 				 * TABLE AS) */
 	int ref0, nrefs;	/* its LokaDB table occurrences in or_analysis.refs */
-	struct or_term val;	/* OR_FX_SET_ORG: the value; OR_FX_SET_PATH: value = the path */
+	struct or_term val;	/* OR_FX_SET_ORG: the value; OR_FX_SET_PATH: value = the path;
+				 * OR_FX_TEMP_*: the names */
 };
 
 /* The analysis of one message text. Owned by the parse cache. */
@@ -100,7 +107,24 @@ struct or_names {
 	const struct meta_cache_api *mc;
 	const char *search_path;	/* never NULL */
 	const char *user;
+	const struct or_temps *temps;	/* the session's temporary relations, or NULL */
 };
+
+/*
+ * The temporary tables and views a client's session made: PostgreSQL looks
+ * in pg_temp first for an unqualified relation name (unless the path names
+ * pg_temp), so such a name is not the LokaDB table of that name.
+ */
+struct or_temp {
+	char *name;
+	bool at_commit;		/* ON COMMIT DROP */
+	bool in_block;		/* made in the open transaction block: gone with its ROLLBACK */
+};
+struct or_temps {
+	struct or_temp *v;
+	int n, cap;
+};
+bool or_temps_has(const struct or_temps *t, const char *name, size_t len);
 
 /* Analyze `sql` into *out (zeroed first). false: out of memory (out is
  * then freed). A statement libpg_query cannot parse gives parse_error. */

@@ -311,6 +311,57 @@ def test_search_path_decides_what_an_unqualified_name_is(router):
     assert org_of(w, f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = 3") == "3"
 
 
+def test_a_temporary_table_hides_the_lokadb_table_of_its_name(router, app):
+    """PostgreSQL looks in pg_temp first: while the session has a temporary
+    table `documents`, statements on `documents` read it, not the LokaDB
+    table, and are not addressed to a leaf; DROP, DISCARD TEMP and the
+    ROLLBACK of the block that made one give the LokaDB table back."""
+    b = router(settings={"pool_mode": "session"})
+    w = b.login("app", USER)
+    q = f"SELECT title FROM documents WHERE organization_id = {ISOLATED} ORDER BY id LIMIT 1"
+    real = direct(app, q)[0][0]
+
+    def title():
+        return w.query(q).rows[0][0]
+
+    def leaf_lines(since):
+        return [l for l in route_lines(b, since) if "rewrite=leaf" in l]
+
+    assert title() == real
+    for make, undo in [("CREATE TEMP TABLE documents (organization_id bigint, id bigint, title text)",
+                        "DROP TABLE documents"),
+                       ("CREATE TEMP TABLE documents AS SELECT organization_id, id, 'copy' AS title "
+                        "FROM public.documents WHERE false", "DISCARD TEMP"),
+                       ("CREATE TEMP VIEW documents AS SELECT organization_id, id, 'view' AS title "
+                        "FROM public.documents", "DROP VIEW documents")]:
+        w.query(make)
+        w.query(f"INSERT INTO pg_temp.documents VALUES ({ISOLATED}, 1, 'temporary')"
+                if "VIEW" not in make else "SELECT 1")
+        mark = len(b.log())
+        assert title() == ("view" if "VIEW" in make else "temporary"), make
+        assert leaf_lines(mark) == [], make
+        w.query(undo)
+        mark = len(b.log())
+        assert title() == real, undo
+        assert leaf_lines(mark), undo
+    # made in a block that rolls back: gone with it
+    w.query("BEGIN")
+    w.query("CREATE TEMP TABLE documents (organization_id bigint, id bigint, title text)")
+    w.query(f"INSERT INTO documents VALUES ({ISOLATED}, 1, 'temporary')")
+    assert title() == "temporary"
+    w.query("ROLLBACK")
+    assert title() == real
+    # ON COMMIT DROP: gone with the block's COMMIT
+    w.query("BEGIN")
+    w.query("CREATE TEMP TABLE documents (organization_id bigint, id bigint, title text) ON COMMIT DROP")
+    w.query(f"INSERT INTO documents VALUES ({ISOLATED}, 1, 'temporary')")
+    assert title() == "temporary"
+    w.query("COMMIT")
+    mark = len(b.log())
+    assert title() == real and leaf_lines(mark)
+    w.close()
+
+
 # ------------------------------------------------- extended protocol --
 
 def test_extended_protocol_classifies_at_parse_and_decides_at_bind(router):
