@@ -910,6 +910,13 @@ static lk_server *api_ev_server(lk_event *ev)
 	return (lk_server *)ev->s;
 }
 
+static int api_ev_txn_failed(lk_event *ev)
+{
+	if (ev->hook != LK_HOOK_TXN_END || !ev->s)
+		return -1;
+	return ev->s->txn_failed ? 1 : 0;
+}
+
 static int api_fail(lk_event *ev, const char *sqlstate, const char *fmt, ...)
 {
 	va_list ap;
@@ -3327,4 +3334,5 @@ static const struct lk_api api_table = {
 	.resolve_cancel = api_resolve_cancel,
 	.query_vars_inline = api_query_vars_inline,
 	.server_retire = api_server_retire,
+	.ev_txn_failed = api_ev_txn_failed,
 };

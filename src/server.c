@@ -708,7 +708,10 @@ static void handle_rfq(struct server *s, struct evbuffer *in, const uint8_t *hdr
 		plugin_tvars_hidden_rfq(s, status);
 	if (ext)
 		plugin_tvars_ext_rfq(s, ext_seq, status == 'I' && !s->ext_err);
+	if (client_rfq && status == 'I')	/* (TXN_END's ev_txn_failed) */
+		s->txn_failed = s->rfq_err || s->txn_status == 'E';
 	s->ext_err = false;
+	s->rfq_err = false;
 	if (!s->rq.count)
 		s->ext_live = 0;
 	s->txn_status = status;
@@ -861,6 +864,7 @@ static bool inspect_message(struct server *s, struct evbuffer *in, const uint8_t
 		struct rq_item *head = rq_head(&s->rq);
 		s->copy_in = false;	/* an error ends COPY IN */
 		s->ext_err = true;	/* values sent inside the batch did not stick */
+		s->rfq_err = true;
 		rq_query_failed(s);
 		if (head && head->type == 'Q' && head->vars) {
 			head->hide_cc = 0;	/* the Query stops here: no SET's reply comes after */

@@ -40,7 +40,7 @@ extern "C" {
 
 #define LK_PLUGIN_MAGIC 0x4c4b504cu	/* "LKPL" */
 #define LK_ABI_MAJOR 1
-#define LK_ABI_MINOR 10
+#define LK_ABI_MINOR 11
 #define LK_PLUGIN_SYMBOL "lokadb_plugin"
 
 /* Opaque handles. */
@@ -495,6 +495,16 @@ struct lk_api {
 	 * reason logged. 1 (closed now), 0 (marked), or -1 when no open server
 	 * connection has that id. */
 	int (*server_retire)(uint64_t server_id, const char *why);
+
+	/* ---- ABI 1.11 ---- */
+	/* TXN_END only: 1 when the transaction that ended was rolled back by
+	 * an error: the last batch (the messages answered by the
+	 * ReadyForQuery that made the server idle) had an ErrorResponse, or it
+	 * ended a failed transaction block (COMMIT or ROLLBACK after an
+	 * error). So what it SET was undone by PostgreSQL. 0 when it ended
+	 * without, -1 for other events. A client that pipelines several
+	 * Sync-terminated batches gets one TXN_END for the last of them. */
+	int (*ev_txn_failed)(lk_event *ev);
 };
 
 #ifdef __cplusplus

@@ -564,8 +564,8 @@ static void temp_del(struct or_temps *t, int i)
 	t->v[i] = t->v[--t->n];
 }
 
-/* A temporary relation made (ON COMMIT DROP: at_commit; inside a transaction block: in_block). */
-static void temps_add(struct or_temps *t, const char *name, bool at_commit, bool in_block)
+/* A temporary relation made (ON COMMIT DROP: at_commit), by the open transaction (in_block). */
+static void temps_add(struct or_temps *t, const char *name, bool at_commit)
 {
 	if (!name || or_temps_has(t, name, strlen(name)))
 		return;
@@ -581,18 +581,18 @@ static void temps_add(struct or_temps *t, const char *name, bool at_commit, bool
 	if (!t->v[t->n].name)
 		return;
 	t->v[t->n].at_commit = at_commit;
-	t->v[t->n].in_block = in_block;
+	t->v[t->n].in_block = true;
 	t->n++;
 }
 
-/* Forget the temporary relations: all, those of a rolled-back block, or those dropped at commit. */
+/* Forget the temporary relations: all, those of a rolled-back transaction, or those dropped at its commit. */
 enum { TEMPS_ALL, TEMPS_ROLLBACK, TEMPS_COMMIT };
 static bool temps_end(struct or_temps *t, int how)
 {
 	bool changed = false;
 
 	for (int i = t->n; i-- > 0;) {
-		if (how == TEMPS_ALL || (how == TEMPS_ROLLBACK && t->v[i].in_block) ||
+		if (how == TEMPS_ALL || (how == TEMPS_ROLLBACK && (t->v[i].in_block || t->v[i].at_commit)) ||
 		    (how == TEMPS_COMMIT && t->v[i].at_commit)) {
 			temp_del(t, i);
 			changed = true;
@@ -727,6 +727,12 @@ static void apply_effect(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 	bool in_block = api->client_in_transaction(c);
 	char v[OR_ORG_MAX + 1];
 
+	if (!in_block && !x->saved) {
+		/* what a ROLLBACK, or an error that rolls the transaction back, gives back */
+		set_owned(&x->saved_org, x->session_org);
+		set_owned(&x->saved_path, x->search_path);
+		x->saved = true;
+	}
 	switch (st->effect) {
 	case OR_FX_SET_ORG:
 		forget_var(ev, "lokadb.org");
@@ -746,7 +752,7 @@ static void apply_effect(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 		x->cur_valid = true;
 		break;
 	case OR_FX_TEMP_CREATE:
-		temps_add(&x->temps, st->val.value, st->is_local, in_block);
+		temps_add(&x->temps, st->val.value, st->is_local);
 		path_changed(x, c);
 		return;
 	case OR_FX_TEMP_DROP:
@@ -787,12 +793,7 @@ static void apply_effect(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 		path_changed(x, c);
 		return;
 	}
-	case OR_FX_BEGIN:
-		if (!in_block) {
-			set_owned(&x->saved_org, x->session_org);
-			set_owned(&x->saved_path, x->search_path);
-			x->saved = true;
-		}
+	case OR_FX_BEGIN:	/* (saved above) */
 		return;
 	case OR_FX_ROLLBACK:
 		if (x->saved) {
@@ -2135,6 +2136,7 @@ static void txn_end_batch(struct orc *x)
 static int or_txn_end(lk_plugin *self, lk_event *ev)
 {
 	struct orc *x = api->client_ctx(self, api->ev_client(ev));
+	bool failed;
 
 	if (!x)
 		return LK_CONTINUE;
@@ -2146,6 +2148,16 @@ static int or_txn_end(lk_plugin *self, lk_event *ev)
 		x->cur_valid = false;
 	x->changed_in_block = false;
 	txn_end_batch(x);
+	/* rolled back by an error: what the transaction SET is undone, as a ROLLBACK
+	 * undoes it (not told apart when the client sends past a Sync) */
+	failed = LK_API_HAS(api, ev_txn_failed) && api->ev_txn_failed(ev) == 1 && !x->pipelines;
+	if (failed) {
+		if (x->saved) {
+			set_owned(&x->session_org, x->saved_org);
+			set_owned(&x->search_path, x->saved_path);
+		}
+		x->cur_valid = false;
+	}
 	if (!x->sticky || x->pcm_in_block)
 		x->pcm = PCM_NONE;
 	x->pcm_in_block = false;
@@ -2155,7 +2167,7 @@ static int or_txn_end(lk_plugin *self, lk_event *ev)
 	set_owned(&x->saved_org, NULL);
 	set_owned(&x->saved_path, NULL);
 	x->saved = false;
-	if (temps_end(&x->temps, TEMPS_COMMIT) | (x->local_path != NULL)) {
+	if (temps_end(&x->temps, failed ? TEMPS_ROLLBACK : TEMPS_COMMIT) | (x->local_path != NULL) | failed) {
 		set_owned(&x->local_path, NULL);
 		path_changed(x, api->ev_client(ev));
 	}

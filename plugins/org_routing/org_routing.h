@@ -118,7 +118,7 @@ struct or_names {
 struct or_temp {
 	char *name;
 	bool at_commit;		/* ON COMMIT DROP */
-	bool in_block;		/* made in the open transaction block: gone with its ROLLBACK */
+	bool in_block;		/* made by the open transaction: gone if it rolls back */
 };
 struct or_temps {
 	struct or_temp *v;

@@ -311,6 +311,59 @@ def test_search_path_decides_what_an_unqualified_name_is(router):
     assert org_of(w, f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = 3") == "3"
 
 
+def test_what_a_failed_transaction_set_is_undone_as_postgresql_undoes_it(router):
+    """A SET of search_path or lokadb.org, or a temporary table, made by a
+    transaction that an error then rolls back is undone by PostgreSQL: the
+    plugin follows (TXN_END's ev_txn_failed), for a failed multi-statement
+    Query, an extended-protocol batch and a failed block ended by COMMIT."""
+    b = router(settings={"pool_mode": "session"})
+    w = b.login("app", USER)
+    q = "SELECT note FROM documents WHERE id = 1"       # only other.documents has `note`
+
+    def on_public():
+        res = w.query(q, raise_error=False)
+        return res.error is not None and res.error.sqlstate == "42703"
+
+    assert on_public()
+    assert w.query("SET search_path = other, public; SELECT 1/0", raise_error=False).error.sqlstate == "22012"
+    assert on_public()
+    assert w.query("SET search_path = other, public").error is None
+    assert w.query(q).rows == [["not a LokaDB table"]]
+    assert w.query("SET search_path = public; SELECT 1/0", raise_error=False).error is not None
+    assert w.query(q).rows == [["not a LokaDB table"]]
+    assert w.query("RESET search_path").error is None and on_public()
+    # a failed block ended by COMMIT (PostgreSQL answers ROLLBACK)
+    for stmt in ("BEGIN", "SET search_path = other, public"):
+        assert w.query(stmt).error is None
+    assert w.query("SELECT 1/0", raise_error=False).error is not None
+    assert w.query("COMMIT").tags == ["ROLLBACK"]
+    assert on_public()
+    # the extended protocol: one batch
+    one = Wire.bind_msg() + Wire.execute_msg()
+    w.send(Wire.parse_msg("SET search_path = other, public") + one + Wire.parse_msg("SELECT 1/0") + one
+           + Wire.sync_msg())
+    assert w.read_until_ready(timeout=5 * SLOW).error is not None
+    assert on_public()
+    # lokadb.org: the session's organization is not 5 after its failed SET
+    assert org_of(w, f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = 3") == "3"
+    assert w.query("SET lokadb.org = '5'; SELECT 1/0", raise_error=False).error is not None
+    mark = len(b.log())
+    w.query("SELECT count(*) FROM documents")
+    assert [l for l in route_lines(b, mark) if " Q org=" in l][-1].split(" Q org=")[1].startswith("- "), \
+        route_lines(b, mark)
+    assert w.query("SET lokadb.org = '5'").error is None
+    mark = len(b.log())
+    w.query("SELECT count(*) FROM documents")
+    assert [l for l in route_lines(b, mark) if " Q org=" in l][-1].split(" Q org=")[1].startswith("5 ")
+    # a temporary table of a failed Query is gone, and so is its hiding
+    mark = len(b.log())
+    assert w.query(f"CREATE TEMP TABLE documents (organization_id bigint, id bigint); SELECT 1/0",
+                   raise_error=False).error is not None
+    w.query(f"SELECT count(*) FROM documents WHERE organization_id = {ISOLATED}")
+    assert any("rewrite=leaf" in l for l in route_lines(b, mark))
+    w.close()
+
+
 def test_a_temporary_table_hides_the_lokadb_table_of_its_name(router, app):
     """PostgreSQL looks in pg_temp first: while the session has a temporary
     table `documents`, statements on `documents` read it, not the LokaDB
