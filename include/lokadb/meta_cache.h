@@ -29,6 +29,11 @@ struct mc_table {
 	const char *org_column;		/* e.g. "organization_id" */
 	const char *org_type;		/* format_type() of that column, e.g. "bigint" */
 	const char *default_part;	/* the DEFAULT partition's name (same schema) */
+	/* appended: read only with a publisher whose size covers table_guard */
+	const char *guard;		/* what its parent has that a partition's statement bypasses:
+					 * 'r' row-level security (every statement); 'i', 'u', 'd'
+					 * a rule or statement-level trigger for INSERT, UPDATE,
+					 * DELETE; NULL nothing (lokadb.table_guard()) */
 };
 
 struct mc_org {
@@ -109,6 +114,9 @@ struct meta_cache_api {
 	 * lokadb.partitions: one per organization and LokaDB table); 0 before
 	 * a catalog is loaded. */
 	int (*n_partitions)(void);
+	/* ---- appended later: test svc->size before use ---- */
+	/* mc_table.guard of t: letters of "riud", or NULL (see there). */
+	const char *(*table_guard)(const struct mc_table *t);
 };
 
 #endif

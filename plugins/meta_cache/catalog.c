@@ -238,7 +238,7 @@ static int add_row(struct mc_cat *cat, const PGresult *r, int i)
 	case 't': {
 		struct mc_table *t = &cat->tables[cat->n_tables++];
 
-		*t = (struct mc_table){ f[0], f[1], f[2], f[3], f[4] };
+		*t = (struct mc_table){ f[0], f[1], f[2], f[3], f[4], f[5] };
 		map_put(&cat->by_table, t->schema, t->name, NULL, t);
 		break;
 	}

@@ -35,8 +35,19 @@ struct pg_result;
 	"SELECT 'v'::text, (SELECT value FROM lokadb.meta WHERE key = 'version'),"               \
 	" 'lokadb.meta'::regclass::oid::text, NULL::text, NULL::text, NULL::text, NULL::text,"   \
 	" NULL::text"                                                                            \
-	" UNION ALL SELECT 't', schema_name::text, table_name::text, org_column::text,"          \
-	" org_type::text, default_part::text, NULL, NULL FROM lokadb.tables"                     \
+	" UNION ALL SELECT 't', t.schema_name::text, t.table_name::text, t.org_column::text,"    \
+	" t.org_type::text, t.default_part::text, (SELECT nullif(CASE WHEN c.relrowsecurity"    \
+	" THEN 'r' ELSE '' END || CASE WHEN bool_or(e.ev IN (4, 51)) THEN 'i' ELSE '' END"      \
+	" || CASE WHEN bool_or(e.ev IN (16, 50)) THEN 'u' ELSE '' END"                          \
+	" || CASE WHEN bool_or(e.ev IN (8, 52)) THEN 'd' ELSE '' END, '')"                      \
+	" FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"   \
+	" LEFT JOIN LATERAL (SELECT g.tgtype & b AS ev FROM pg_catalog.pg_trigger g,"            \
+	" unnest(ARRAY[4, 8, 16]) b WHERE g.tgrelid = c.oid AND NOT g.tgisinternal"             \
+	" AND (g.tgtype & 1) = 0 AND g.tgenabled <> 'D' UNION ALL SELECT ascii(r.ev_type)"       \
+	" FROM pg_catalog.pg_rewrite r WHERE r.ev_class = c.oid AND r.ev_type IN ('2', '3', '4')" \
+	" AND r.ev_enabled <> 'D') e ON true"                                                    \
+	" WHERE n.nspname = t.schema_name AND c.relname = t.table_name"                          \
+	" GROUP BY c.relrowsecurity), NULL FROM lokadb.tables t"                                 \
 	" UNION ALL SELECT 'o', id::text, name::text, state::text, site::text, profile::text,"   \
 	" isolated::text, paused::text FROM lokadb.orgs"                                         \
 	" UNION ALL SELECT 'p', schema_name::text, table_name::text, org_id::text,"              \

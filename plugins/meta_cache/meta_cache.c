@@ -1066,6 +1066,11 @@ static int svc_n_tables(void)
 	return svc_ready() ? (int)mc_state->cat->n_tables : 0;
 }
 
+static const char *svc_table_guard(const struct mc_table *t)
+{
+	return t ? t->guard : NULL;
+}
+
 static int svc_n_partitions(void)
 {
 	return svc_ready() ? (int)mc_state->cat->n_parts : 0;
@@ -1170,6 +1175,7 @@ static const struct meta_cache_api mc_service = {
 	.wait_cancel = svc_wait_cancel,
 	.refresh = svc_refresh,
 	.n_partitions = svc_n_partitions,
+	.table_guard = svc_table_guard,
 };
 
 /* ========================================================== console == */

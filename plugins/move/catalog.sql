@@ -82,3 +82,66 @@ BEGIN
 		END IF;
 	END LOOP;
 END $$;
+
+-- What a statement addressed to an organization's partition would bypass on
+-- a LokaDB table's parent (org_routing then keeps such statements on the
+-- parent): 'r' row-level security (every statement), 'i', 'u', 'd' a rule
+-- or an enabled statement-level trigger for INSERT, UPDATE, DELETE; NULL
+-- none. ENABLE TABLE refuses row-level security and rules; they, and
+-- statement-level triggers, may come later: the event trigger below tells
+-- the proxies (a new version) when what is guarded changes. meta_cache's
+-- LOAD computes the same (MC_LOAD_SQL).
+CREATE OR REPLACE FUNCTION lokadb.table_guard(p_schema name, p_table name) RETURNS text
+LANGUAGE sql STABLE AS $$
+	SELECT nullif(CASE WHEN c.relrowsecurity THEN 'r' ELSE '' END
+		|| CASE WHEN bool_or(e.ev IN (4, 51)) THEN 'i' ELSE '' END
+		|| CASE WHEN bool_or(e.ev IN (16, 50)) THEN 'u' ELSE '' END
+		|| CASE WHEN bool_or(e.ev IN (8, 52)) THEN 'd' ELSE '' END, '')
+	FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+	LEFT JOIN LATERAL (
+		SELECT g.tgtype & b AS ev FROM pg_catalog.pg_trigger g, unnest(ARRAY[4, 8, 16]) b
+		WHERE g.tgrelid = c.oid AND NOT g.tgisinternal AND (g.tgtype & 1) = 0 AND g.tgenabled <> 'D'
+		UNION ALL
+		SELECT ascii(r.ev_type) FROM pg_catalog.pg_rewrite r
+		WHERE r.ev_class = c.oid AND r.ev_type IN ('2', '3', '4') AND r.ev_enabled <> 'D'
+	) e ON true
+	WHERE n.nspname = p_schema AND c.relname = p_table
+	GROUP BY c.relrowsecurity
+$$;
+
+INSERT INTO lokadb.meta VALUES ('guards', '') ON CONFLICT (key) DO NOTHING;
+
+CREATE OR REPLACE FUNCTION lokadb.guards_changed() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
+DECLARE
+	g text;
+	v bigint;
+BEGIN
+	SELECT coalesce(string_agg(format('%I.%I:%s', t.schema_name, t.table_name, x.guard), ','
+				   ORDER BY t.schema_name, t.table_name), '')
+	INTO g
+	FROM lokadb.tables t, LATERAL (SELECT lokadb.table_guard(t.schema_name, t.table_name) AS guard) x
+	WHERE x.guard IS NOT NULL;
+	UPDATE lokadb.meta SET value = g WHERE key = 'guards' AND value IS DISTINCT FROM g;
+	IF FOUND THEN
+		UPDATE lokadb.meta SET value = (value::bigint + 1)::text WHERE key = 'version'
+		RETURNING value::bigint INTO v;
+		PERFORM pg_notify('lokadb_meta', v::text);
+	END IF;
+END $$;
+
+-- An event trigger needs a superuser: without one the proxies learn of
+-- guards added later only at their next reload (doc/lokadb.md).
+DO $$
+BEGIN
+	IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'lokadb_guards') THEN
+		IF (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
+			CREATE EVENT TRIGGER lokadb_guards ON ddl_command_end
+				WHEN TAG IN ('ALTER TABLE', 'CREATE TRIGGER', 'ALTER TRIGGER', 'DROP TRIGGER',
+					     'CREATE RULE', 'DROP RULE', 'CREATE POLICY', 'DROP POLICY')
+				EXECUTE FUNCTION lokadb.guards_changed();
+		ELSE
+			RAISE NOTICE 'lokadb: not a superuser, so no event trigger: row-level security, rules or statement-level triggers added to a LokaDB table later reach the proxies at their next catalog reload';
+		END IF;
+	END IF;
+END $$;

@@ -102,6 +102,7 @@ struct an {
 	int refcap, termcap;
 	bool oom;
 	bool three_part_colref;		/* a ColumnRef schema.table.col: aliases would break it */
+	bool guarded;			/* a parent has what a statement on its leaf would bypass (table_guard) */
 	struct or_stmt *st;		/* the statement being analyzed */
 };
 
@@ -160,6 +161,24 @@ static bool is_cte_name(const struct an *x, const PgQuery__RangeVar *rv)
 		if (strcmp(x->ctes[i], rv->relname) == 0)
 			return true;
 	return false;
+}
+
+/*
+ * Does t's parent have what a statement on its leaf would bypass, for
+ * command `cmd` ('i', 'u', 'd'; 0: any statement that names it)?
+ * meta_cache's table_guard: 'r' row-level security, for every statement;
+ * 'i', 'u', 'd' rules or statement-level triggers of that command.
+ */
+static void table_guard(struct an *x, const struct mc_table *t, char cmd)
+{
+	const struct meta_cache_api *mc = x->names->mc;
+	const char *g;
+
+	if (!t || mc->size < offsetof(struct meta_cache_api, table_guard) + sizeof(mc->table_guard) ||
+	    !mc->table_guard || !(g = mc->table_guard(t)))
+		return;
+	if (strchr(g, 'r') || (cmd && strchr(g, cmd)))
+		x->guarded = true;
 }
 
 /* The LokaDB table a RangeVar names, or NULL (not one, or a CTE). */
@@ -840,15 +859,23 @@ static bool visit(void *arg, ProtobufCMessage *m)
 	if (d == &pg_query__select_stmt__descriptor) {
 		level_select(x, (PgQuery__SelectStmt *)m);
 	} else if (d == &pg_query__insert_stmt__descriptor) {
-		level_insert(x, (PgQuery__InsertStmt *)m);
+		PgQuery__InsertStmt *ins = (PgQuery__InsertStmt *)m;
+		const struct mc_table *t = rv_table(x, ins->relation);
+		table_guard(x, t, 'i');
+		if (ins->on_conflict_clause &&
+		    ins->on_conflict_clause->action == PG_QUERY__ON_CONFLICT_ACTION__ONCONFLICT_UPDATE)
+			table_guard(x, t, 'u');		/* its UPDATE triggers fire too */
+		level_insert(x, ins);
 	} else if (d == &pg_query__update_stmt__descriptor) {
 		PgQuery__UpdateStmt *u = (PgQuery__UpdateStmt *)m;
 		const struct mc_table *t = rv_table(x, u->relation);
 		if (t && sets_org_column(u, t))
 			x->st->rewritable = false;	/* it may move rows to another organization */
+		table_guard(x, t, 'u');
 		level_dml(x, u->relation, u->from_clause, u->n_from_clause, u->where_clause);
 	} else if (d == &pg_query__delete_stmt__descriptor) {
 		PgQuery__DeleteStmt *del = (PgQuery__DeleteStmt *)m;
+		table_guard(x, rv_table(x, del->relation), 'd');
 		level_dml(x, del->relation, del->using_clause, del->n_using_clause, del->where_clause);
 	} else if (d == &pg_query__into_clause__descriptor) {
 		return false;		/* SELECT INTO / CREATE TABLE AS: a new table, not a read */
@@ -860,6 +887,7 @@ static bool visit(void *arg, ProtobufCMessage *m)
 		const struct mc_table *t = rv_table(x, rv);
 		if (t && !rv->inh)
 			x->st->rewritable = false;	/* ONLY parent reads no partition: a leaf would */
+		table_guard(x, t, 0);
 		if (t && !seen_before(x, rv))
 			add_ref(x, t, rv);
 	}
@@ -1181,11 +1209,12 @@ static void analyze_stmt(struct an *x, const PgQuery__RawStmt *raw)
 	x->nctes = 0;
 	x->cte_overflow = false;
 	x->three_part_colref = false;
+	x->guarded = false;
 	or_walk((ProtobufCMessage *)n, collect_ctes, x);
 	if (!x->oom)
 		or_walk((ProtobufCMessage *)n, visit, x);
-	if (x->three_part_colref)
-		x->st->rewritable = false;
+	if (x->three_part_colref || x->guarded)
+		x->st->rewritable = false;	/* (guards: the parent's, which a leaf statement would bypass) */
 	if (x->st->nrefs == 0)
 		x->st->kind = OR_K_OTHER;
 	effects(x, n);

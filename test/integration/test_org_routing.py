@@ -311,6 +311,64 @@ def test_search_path_decides_what_an_unqualified_name_is(router):
     assert org_of(w, f"SELECT {SETTING}, count(*) FROM documents WHERE organization_id = 3") == "3"
 
 
+def test_row_level_security_rules_or_statement_triggers_keep_statements_on_the_parent(router, app):
+    """What a statement addressed to a leaf would bypass on the parent: row-level
+    security (reads and writes), rules and statement-level triggers (writes).
+    Added after ENABLE TABLE, the catalog's event trigger tells the proxies,
+    and such statements stay on the parent until it is gone again."""
+    db = f"or_guard_{os.getpid()}"
+    create_app_db(app, db)
+    try:
+        b = router(settings={"pool_mode": "transaction", "default_pool_size": 1}, db=db)
+        w = b.login("app", USER)
+        read = f"SELECT count(*) FROM documents WHERE organization_id = {ISOLATED}"
+        insert = f"INSERT INTO documents (organization_id, project_id, title) VALUES ({ISOLATED}, 1, 'guarded')"
+
+        def admin(sql):
+            with app.connect(dbname=db) as c:
+                c.execute(sql)
+
+        def as_user(sql):
+            with app.connect(dbname=db, user=USER) as c:
+                return c.execute(sql).fetchone()[0]
+
+        def on_leaf(sql):
+            mark = len(b.log())
+            res = w.query(sql)
+            return any("rewrite=leaf" in l for l in route_lines(b, mark)), res
+
+        leaf, res = on_leaf(read)
+        assert leaf and int(res.rows[0][0]) == as_user(read)
+        admin("CREATE POLICY hide_dot_1 ON documents USING (title NOT LIKE '%.1')")
+        admin("ALTER TABLE documents ENABLE ROW LEVEL SECURITY")
+        hidden = as_user(read)
+        assert hidden < int(res.rows[0][0])
+        wait_until(lambda: not on_leaf(read)[0], 5 * SLOW, what="the proxy to keep reads on the parent")
+        leaf, res = on_leaf(read)
+        assert not leaf and int(res.rows[0][0]) == hidden
+        admin("ALTER TABLE documents DISABLE ROW LEVEL SECURITY")
+        wait_until(lambda: on_leaf(read)[0], 5 * SLOW, what="reads on the leaf again")
+        # a statement-level trigger: writes stay on the parent, reads go to the leaf
+        admin("CREATE TABLE audit (n int); GRANT ALL ON audit TO PUBLIC;"
+              "CREATE FUNCTION audit_stmt() RETURNS trigger LANGUAGE plpgsql AS "
+              "$$BEGIN INSERT INTO audit VALUES (1); RETURN NULL; END$$;"
+              "CREATE TRIGGER audit_inserts AFTER INSERT ON documents FOR EACH STATEMENT "
+              "EXECUTE FUNCTION audit_stmt()")
+        wait_until(lambda: not on_leaf(insert)[0], 5 * SLOW, what="the proxy to keep writes on the parent")
+        before = as_user("SELECT count(*) FROM audit")
+        for _ in range(3):
+            leaf, _ = on_leaf(insert)
+            assert not leaf
+        assert as_user("SELECT count(*) FROM audit") == before + 3
+        assert on_leaf(read)[0]
+        admin("DROP TRIGGER audit_inserts ON documents")
+        wait_until(lambda: on_leaf(insert)[0], 5 * SLOW, what="writes on the leaf again")
+        assert as_user("SELECT count(*) FROM audit") == before + 3
+        w.close()
+    finally:
+        app.sql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+
+
 def test_what_a_failed_transaction_set_is_undone_as_postgresql_undoes_it(router):
     """A SET of search_path or lokadb.org, or a temporary table, made by a
     transaction that an error then rolls back is undone by PostgreSQL: the
