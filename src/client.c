@@ -1519,6 +1519,10 @@ static int dealloc_message(struct client *c, struct evbuffer *in, char type, uin
 			return r < 0 && !c->closing;
 		}
 	}
+	if (type == 'Q' && c->link->ext_open) {
+		free(name);	/* a Query inside the client's open batch: PostgreSQL's to answer */
+		return -1;
+	}
 	c->request_time = rt->now;
 	note_sent_to_server(c, type == 'P' ? 'H' : 0);
 	ps_deallocate(c, type, name);

@@ -27,7 +27,7 @@
  *   rq_push rq_at rq_pop rq_remove rq_free   the queue as a data structure
  *   server_expect rq_flush_synth rq_discard_batch
  *   ps_parse ps_bind ps_describe ps_close ps_reparse
- *   ps_deallocate_candidate ps_deallocate rq_query_failed
+ *   ps_deallocate_candidate ps_deallocate_of ps_deallocate
  *   ps_statements_dropped ps_*_count ps_*_free
  */
 #include "core.h"
@@ -977,30 +977,46 @@ void ps_deallocate(struct client *c, char type, char *name)
 	}
 	e = entry_ref(cn->e);
 	cname_del(c, cn);
-	if (type == 'Q') {
-		it = server_expect(s, 'Q', RQ_FWD);
-		pkt_query(&rt->pb, "PREPARE " DEALLOC_STMT " AS SELECT; DEALLOCATE " DEALLOC_STMT);
-		if (it)
-			it->hide_cc = 1;	/* PREPARE's */
-	} else {
-		c->pool->stats.client_parse_count++;
-		s->pool->stats.server_parse_count += 2;
-		/* a Close first: a batch that never ran its Execute leaves the statement */
-		pkt_close(&rt->pb, 'S', DEALLOC_STMT);
-		pkt_begin(&rt->pb, 'P');
-		pkt_put_string(&rt->pb, DEALLOC_STMT);
-		pkt_put_string(&rt->pb, "SELECT");
-		pkt_put_int16(&rt->pb, 0);
-		pkt_end(&rt->pb);
-		pkt_begin(&rt->pb, 'P');
+	c->pool->stats.client_parse_count += type == 'P';
+	s->pool->stats.server_parse_count += 2;
+	/* a Close first: a batch that never ran its Execute leaves the statement */
+	pkt_close(&rt->pb, 'S', DEALLOC_STMT);
+	pkt_begin(&rt->pb, 'P');
+	pkt_put_string(&rt->pb, DEALLOC_STMT);
+	pkt_put_string(&rt->pb, "SELECT");
+	pkt_put_int16(&rt->pb, 0);
+	pkt_end(&rt->pb);
+	pkt_begin(&rt->pb, 'P');
+	pkt_put_string(&rt->pb, "");
+	pkt_put_string(&rt->pb, "DEALLOCATE " DEALLOC_STMT);
+	pkt_put_int16(&rt->pb, 0);
+	pkt_end(&rt->pb);
+	it = server_expect(s, 'C', RQ_HIDE) && server_expect(s, 'P', RQ_HIDE) ?
+	     server_expect(s, 'P', type == 'P' ? RQ_FWD : RQ_HIDE) : NULL;
+	if (it && type == 'Q') {
+		/* the Query as a batch of its own: the client gets the Execute's
+		 * CommandComplete and the Sync's ReadyForQuery, a Query's replies
+		 * (a Query drops the unnamed statement and portal too) */
+		pkt_begin(&rt->pb, 'B');
 		pkt_put_string(&rt->pb, "");
-		pkt_put_string(&rt->pb, "DEALLOCATE " DEALLOC_STMT);
+		pkt_put_string(&rt->pb, "");
+		pkt_put_int16(&rt->pb, 0);
+		pkt_put_int16(&rt->pb, 0);
 		pkt_put_int16(&rt->pb, 0);
 		pkt_end(&rt->pb);
-		it = server_expect(s, 'C', RQ_HIDE) && server_expect(s, 'P', RQ_HIDE) ? server_expect(s, 'P', RQ_FWD) : NULL;
+		pkt_begin(&rt->pb, 'E');
+		pkt_put_string(&rt->pb, "");
+		pkt_put_int32(&rt->pb, 0);
+		pkt_end(&rt->pb);
+		pkt_begin(&rt->pb, 'S');
+		pkt_end(&rt->pb);
+		if (!server_expect(s, 'B', RQ_HIDE) || !server_expect(s, 'E', RQ_FWD) || !server_expect(s, 'S', RQ_FWD))
+			it = NULL;
+		else
+			it = rq_at(&s->rq, s->rq.count - 4);	/* the unnamed Parse */
 	}
 	if (it) {
-		/* undone when it fails (rq_discard_batch, rq_query_failed) */
+		/* an error before the Execute skips it: the name comes back (rq_discard_batch) */
 		it->undo = RQ_UNDO_CL_CLOSE;
 		it->e = entry_ref(e);
 		it->name = name;
@@ -1011,14 +1027,4 @@ void ps_deallocate(struct client *c, char type, char *name)
 	}
 	free(name);
 	entry_unref(e);
-}
-
-void rq_query_failed(struct server *s)
-{
-	struct rq_item *head = rq_head(&s->rq);
-
-	if (head && head->type == 'Q' && head->name) {
-		head->hide_cc = 0;
-		name_undo(s, 0, head);
-	}
 }

@@ -865,7 +865,6 @@ static bool inspect_message(struct server *s, struct evbuffer *in, const uint8_t
 		s->copy_in = false;	/* an error ends COPY IN */
 		s->ext_err = true;	/* values sent inside the batch did not stick */
 		s->rfq_err = true;
-		rq_query_failed(s);
 		if (head && head->type == 'Q' && head->vars) {
 			head->hide_cc = 0;	/* the Query stops here: no SET's reply comes after */
 			head->vars_err = true;

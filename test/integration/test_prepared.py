@@ -378,6 +378,10 @@ def test_sql_deallocate_of_a_protocol_statement_forgets_the_name(bouncer_factory
     # a name the client does not have: PostgreSQL's own error, by name
     res = w.query("DEALLOCATE nosuch", raise_error=False)
     assert res.error.sqlstate == "26000" and 'prepared statement "nosuch" does not exist' in str(res.error)
+    # lokadb's own statement left on the server (here by SQL): closed first, no 42P05
+    w.query("PREPARE lokadb_deallocate AS SELECT 1")
+    assert types(batch(w, P("z2", "select 14"), S)) == "1Z"
+    assert w.query("DEALLOCATE z2").tags == ["DEALLOCATE"]
     names = w.scalar("select string_agg(name, ',' order by name) from pg_prepared_statements")
     assert all(n.startswith("LOKADB_") for n in names.split(","))
     assert console_row(b, "clients", lambda r: r["prepared_statements"] == "3")
