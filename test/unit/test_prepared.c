@@ -329,6 +329,63 @@ end:
 	return ok;
 }
 
+static uint32_t mk_query(uint8_t *buf, const char *sql)
+{
+	uint32_t n = 5;
+	memcpy(buf + n, sql, strlen(sql) + 1);
+	n += (uint32_t)strlen(sql) + 1;
+	buf[0] = 'Q';
+	buf[1] = 0; buf[2] = 0; buf[3] = (uint8_t)((n - 1) >> 8); buf[4] = (uint8_t)(n - 1);
+	return n;
+}
+
+/* SQL DEALLOCATE of a client's name: recognized by the parser, sent as the pooler's batch, undone when skipped. */
+static bool test_sql_deallocate_of_a_client_name(void)
+{
+	struct fx f;
+	char t[32], n[256], *name;
+	uint8_t buf[256];
+	uint32_t len;
+	bool ok = true;
+
+	CHECK(fx_init(&f, 200));
+	CHECK(do_parse(&f.c, "Mixed", "select 1") == PS_DONE);
+	out_take(f.s.bev, t, sizeof(t), n, sizeof(n));
+	rq_pop(&f.s.rq);
+	/* the cheap look at the start, then the parser */
+	len = mk_query(buf, "  deallocate prepare \"Mixed\";");
+	CHECK(ps_deallocate_candidate(buf, len));
+	name = ps_deallocate_of(&f.c, buf, len);
+	CHECK(name && strcmp(name, "Mixed") == 0);
+	free(name);
+	len = mk_query(buf, "DEALLOCATE mixed");		/* folded: another name, not the client's */
+	CHECK(ps_deallocate_of(&f.c, buf, len) == NULL);
+	len = mk_query(buf, "DEALLOCATE \"Mixed\"; SELECT 1");	/* not all of the Query */
+	CHECK(ps_deallocate_of(&f.c, buf, len) == NULL);
+	len = mk_query(buf, "DEALLOCATE ALL");
+	CHECK(ps_deallocate_of(&f.c, buf, len) == NULL);
+	len = mk_query(buf, "SELECT 'deallocate'");
+	CHECK(!ps_deallocate_candidate(buf, len));
+	len = mk_parse(buf, "named", "DEALLOCATE \"Mixed\"");		/* a named Parse runs nothing */
+	CHECK(!ps_deallocate_candidate(buf, len));
+	len = mk_parse(buf, "", "DEALLOCATE \"Mixed\"");
+	CHECK(ps_deallocate_candidate(buf, len));
+	name = ps_deallocate_of(&f.c, buf, len);
+	CHECK(name != NULL);
+	/* as a Query: the pooler's own statement, closed first, then a batch of its own */
+	ps_deallocate(&f.c, 'Q', name);
+	CHECK(ps_client_count(&f.c) == 0);
+	out_take(f.s.bev, t, sizeof(t), n, sizeof(n));
+	CHECK_STR(t, "CPPBES");
+	CHECK(f.s.rq.count == 6 && rq_at(&f.s.rq, 4)->act == RQ_FWD && rq_at(&f.s.rq, 5)->act == RQ_FWD);
+	/* an error at the first message: the server skips to the Sync, the name comes back */
+	CHECK(rq_discard_batch(&f.s));
+	CHECK(ps_client_count(&f.c) == 1);
+end:
+	fx_done(&f);
+	return ok;
+}
+
 static const struct unit_case cases[] = {
 	{ "reply queue wraps, grows and removes", test_queue_wraps_and_grows },
 	{ "second client's parse is answered by the pooler", test_second_client_parse_is_answered_by_the_pooler },
@@ -336,6 +393,7 @@ static const struct unit_case cases[] = {
 	{ "messages the server skipped are undone", test_skipped_messages_are_undone },
 	{ "a failed batch settles with the next one", test_failed_batch_settles_with_the_next_one },
 	{ "synthesized replies wait their turn", test_synthesized_replies_wait_their_turn },
+	{ "SQL DEALLOCATE of a client's name", test_sql_deallocate_of_a_client_name },
 	{ NULL, NULL }
 };
 
