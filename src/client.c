@@ -1495,6 +1495,7 @@ static bool ps_message(struct client *c, struct evbuffer *in, char type, uint32_
 }
 
 #define PS_DEALLOC_MAX 1024	/* bytes of a Query or Parse looked at for a DEALLOCATE */
+#define PS_DEALLOC_PEEK 32	/* ... of which its start first */
 
 /*
  * SQL DEALLOCATE of one of the client's protocol-level statements
@@ -1505,12 +1506,21 @@ static int dealloc_message(struct client *c, struct evbuffer *in, char type, uin
 {
 	char *name;
 
+	uint8_t head[PS_DEALLOC_PEEK];
+	uint32_t peek = len + 1 < PS_DEALLOC_PEEK ? len + 1 : PS_DEALLOC_PEEK;
+
 	if (len + 1 > PS_DEALLOC_MAX)
+		return -1;
+	if (evbuffer_get_length(in) < peek) {	/* its start says whether it may be one */
+		want_whole(c, in, peek - 1);
+		return 0;
+	}
+	evbuffer_copyout(in, head, peek);
+	if (!ps_deallocate_candidate(head, peek))
 		return -1;
 	if (!want_whole(c, in, len))
 		return 0;
-	if (!ps_deallocate_candidate(evbuffer_pullup(in, len + 1), len + 1) ||
-	    !(name = ps_deallocate_of(c, evbuffer_pullup(in, len + 1), len + 1)))
+	if (!(name = ps_deallocate_of(c, evbuffer_pullup(in, len + 1), len + 1)))
 		return -1;
 	if (!c->link) {
 		int r = client_acquire(c, in, type, len);
