@@ -1224,15 +1224,21 @@ LANGUAGE sql STABLE AS $$
 	WHERE c.oid = rel
 $$;
 
-CREATE OR REPLACE FUNCTION lokadb.show_tables() RETURNS TABLE (schema text, "table" text, org_column text,
-	org_type text, default_partition text, partitions bigint, rows_estimate bigint)
+DROP FUNCTION IF EXISTS lokadb.show_tables();	-- its columns grew (kept_on_parent)
+CREATE FUNCTION lokadb.show_tables() RETURNS TABLE (schema text, "table" text, org_column text,
+	org_type text, default_partition text, partitions bigint, rows_estimate bigint, kept_on_parent text)
 LANGUAGE sql STABLE AS $$
 	SELECT t.schema_name, t.table_name, t.org_column, t.org_type, t.default_part,
 	       (SELECT count(*) FROM lokadb.partitions p WHERE p.schema_name = t.schema_name AND p.table_name = t.table_name),
 	       (SELECT sum(c.reltuples) FILTER (WHERE c.reltuples >= 0)::bigint
 		FROM pg_partition_tree(to_regclass(format('%I.%I', t.schema_name, t.table_name))) p
-		JOIN pg_class c ON c.oid = p.relid WHERE p.isleaf)
-	FROM lokadb.tables t
+		JOIN pg_class c ON c.oid = p.relid WHERE p.isleaf),
+	       -- what org_routing keeps on the parent (lokadb.table_guard)
+	       CASE WHEN g.g LIKE '%r%' THEN 'all'
+		    ELSE nullif(concat_ws(',', CASE WHEN g.g LIKE '%i%' THEN 'INSERT' END,
+					  CASE WHEN g.g LIKE '%u%' THEN 'UPDATE' END,
+					  CASE WHEN g.g LIKE '%d%' THEN 'DELETE' END), '') END
+	FROM lokadb.tables t, LATERAL (SELECT lokadb.table_guard(t.schema_name, t.table_name) AS g) g
 	WHERE to_regclass(format('%I.%I', t.schema_name, t.table_name)) IS NOT NULL
 	ORDER BY 1, 2
 $$;

@@ -310,7 +310,7 @@ static void run_isolate(struct move_job *j)
 static void show_tables_done(struct move_job *j, PGresult *r)
 {
 	static const uint32_t types[] = { LK_TYPE_TEXT, LK_TYPE_TEXT, LK_TYPE_TEXT, LK_TYPE_TEXT, LK_TYPE_TEXT,
-					  LK_TYPE_INT8, LK_TYPE_INT8 };
+					  LK_TYPE_INT8, LK_TYPE_INT8, LK_TYPE_TEXT };
 
 	reply_rows(j, r, types, "SHOW");
 }

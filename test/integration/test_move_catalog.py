@@ -250,7 +250,7 @@ def test_install_is_idempotent_and_reports_the_schema_version(bouncer_factory, p
     res = ok(b, "SHOW TABLES")
     assert res.rows == []
     assert res.columns == ["schema", "table", "org_column", "org_type", "default_partition",
-                           "partitions", "rows_estimate"]
+                           "partitions", "rows_estimate", "kept_on_parent"]
     assert_error(console(b, "INSTALL now").error, "42601", "usage: INSTALL")
 
 
@@ -308,8 +308,18 @@ def test_enable_table_keeps_the_table_and_its_references_working(bouncer_factory
         ("public", "documents", "organization_id", "integer", "documents_default"),
         ("public", "versions", "organization_id", "integer", "versions_default")]
     show = ok(b, "SHOW TABLES")
-    assert row_types(show) == [OID_TEXT] * 5 + [OID_INT8, OID_INT8]
-    assert [(r[1], r[5]) for r in show.rows] == [("documents", "0"), ("versions", "0")]
+    assert row_types(show) == [OID_TEXT] * 5 + [OID_INT8, OID_INT8, OID_TEXT]
+    assert [(r[1], r[5], r[7]) for r in show.rows] == [("documents", "0", None), ("versions", "0", None)]
+    # what a statement on a partition would bypass on the parent keeps statements there
+    pg.sql("CREATE FUNCTION stmt_noop() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NULL; END$$;"
+           "CREATE TRIGGER versions_audit AFTER UPDATE OR DELETE ON versions FOR EACH STATEMENT "
+           "EXECUTE FUNCTION stmt_noop()", dbname=cloud)
+    assert [r[7] for r in ok(b, "SHOW TABLES").rows] == [None, "UPDATE,DELETE"]
+    pg.sql("ALTER TABLE documents ENABLE ROW LEVEL SECURITY", dbname=cloud)
+    assert [r[7] for r in ok(b, "SHOW TABLES").rows] == ["all", "UPDATE,DELETE"]
+    pg.sql("ALTER TABLE documents DISABLE ROW LEVEL SECURITY; DROP TRIGGER versions_audit ON versions",
+           dbname=cloud)
+    assert [r[7] for r in ok(b, "SHOW TABLES").rows] == [None, None]
 
     # through lokadb: the same answers, and the application goes on writing
     assert run_queries(app) == before
