@@ -31,12 +31,14 @@ struct pg_result;
  *   s  schema, name: any relation named like a LokaDB table (search_path shadows)
  * A missing schema or table fails it with 3F000 / 42P01: "not installed".
  */
-#define MC_LOAD_SQL                                                                              \
-	"SELECT 'v'::text, (SELECT value FROM lokadb.meta WHERE key = 'version'),"               \
-	" 'lokadb.meta'::regclass::oid::text, NULL::text, NULL::text, NULL::text, NULL::text,"   \
-	" NULL::text"                                                                            \
-	" UNION ALL SELECT 't', t.schema_name::text, t.table_name::text, t.org_column::text,"    \
-	" t.org_type::text, t.default_part::text, (SELECT nullif(CASE WHEN c.relrowsecurity"    \
+/*
+ * What a LokaDB table's parent has that a statement on its partitions would
+ * bypass (mc_table.guard), for the lokadb.tables row `t`: catalog.sql's
+ * lokadb.table_guard(), written out so that a catalog of an older INSTALL
+ * still loads.
+ */
+#define MC_GUARD_EXPR                                                                            \
+	"(SELECT nullif(CASE WHEN c.relrowsecurity"                                              \
 	" THEN 'r' ELSE '' END || CASE WHEN bool_or(e.ev IN (4, 51)) THEN 'i' ELSE '' END"      \
 	" || CASE WHEN bool_or(e.ev IN (16, 50)) THEN 'u' ELSE '' END"                          \
 	" || CASE WHEN bool_or(e.ev IN (8, 52)) THEN 'd' ELSE '' END, '')"                      \
@@ -47,7 +49,24 @@ struct pg_result;
 	" FROM pg_catalog.pg_rewrite r WHERE r.ev_class = c.oid AND r.ev_type IN ('2', '3', '4')" \
 	" AND r.ev_enabled <> 'D') e ON true"                                                    \
 	" WHERE n.nspname = t.schema_name AND c.relname = t.table_name"                          \
-	" GROUP BY c.relrowsecurity), NULL FROM lokadb.tables t"                                 \
+	" GROUP BY c.relrowsecurity)"
+
+/*
+ * Every table's guard in one text, "schema.table:letters,...": part of what
+ * the freshness check compares, since DDL sends no NOTIFY where INSTALL
+ * could not create the event trigger lokadb_guards (not a superuser).
+ */
+#define MC_GUARDS_SQL                                                                            \
+	"(SELECT coalesce(string_agg(format('%I.%I:%s', t.schema_name, t.table_name, x.g), ','"  \
+	" ORDER BY t.schema_name, t.table_name), '') FROM lokadb.tables t,"                      \
+	" LATERAL (SELECT " MC_GUARD_EXPR " AS g) x WHERE x.g IS NOT NULL)"
+
+#define MC_LOAD_SQL                                                                              \
+	"SELECT 'v'::text, (SELECT value FROM lokadb.meta WHERE key = 'version'),"               \
+	" 'lokadb.meta'::regclass::oid::text, " MC_GUARDS_SQL ", NULL::text, NULL::text,"        \
+	" NULL::text, NULL::text"                                                                \
+	" UNION ALL SELECT 't', t.schema_name::text, t.table_name::text, t.org_column::text,"    \
+	" t.org_type::text, t.default_part::text, " MC_GUARD_EXPR ", NULL FROM lokadb.tables t" \
 	" UNION ALL SELECT 'o', id::text, name::text, state::text, site::text, profile::text,"   \
 	" isolated::text, paused::text FROM lokadb.orgs"                                         \
 	" UNION ALL SELECT 'p', schema_name::text, table_name::text, org_id::text,"              \
@@ -57,15 +76,17 @@ struct pg_result;
 	" WHERE c.relname IN (SELECT table_name FROM lokadb.tables)"                             \
 	" AND n.nspname !~ '^pg_(toast|temp)'"
 
-/* The freshness check: (version, oid of lokadb.meta), one row. */
+/* The freshness check: (version, oid of lokadb.meta, the guards), one row. */
 #define MC_VERIFY_SQL \
-	"SELECT (SELECT value FROM lokadb.meta WHERE key = 'version'), 'lokadb.meta'::regclass::oid::text"
+	"SELECT (SELECT value FROM lokadb.meta WHERE key = 'version'), 'lokadb.meta'::regclass::oid::text, " \
+	MC_GUARDS_SQL
 
 /* What identifies a catalog state: compared by the freshness check. */
 struct mc_ident {
 	int installed;		/* 0: schema lokadb (or one of its tables) is missing */
 	uint64_t version;	/* lokadb.meta 'version' (0 if absent) */
 	uint32_t meta_oid;	/* changes when the catalog is dropped and installed again */
+	uint64_t guards;	/* a hash of MC_GUARDS_SQL's text */
 };
 
 /* One key -> value slot of an open-addressing hash table. */
@@ -125,6 +146,6 @@ const struct mc_table *mc_cat_search(const struct mc_cat *cat, const char *name,
 
 /* The identity from the text of lokadb.meta's version and oid (NULL or
  * "" = 0): `installed` = 1. 0, or -1 when either is not a number. */
-int mc_ident_parse(const char *version, const char *oid, struct mc_ident *out);
+int mc_ident_parse(const char *version, const char *oid, const char *guards, struct mc_ident *out);
 
 #endif

@@ -559,7 +559,7 @@ static int ident_eq(const struct mc_ident *a, const struct mc_ident *b)
 {
 	if (a->installed != b->installed)
 		return 0;
-	return !a->installed || (a->version == b->version && a->meta_oid == b->meta_oid);
+	return !a->installed || (a->version == b->version && a->meta_oid == b->meta_oid && a->guards == b->guards);
 }
 
 /* Replace the catalog with the one `op` loaded, and account for what it covers. */
@@ -635,15 +635,15 @@ static void load_done(struct mc *st, struct mc_op *op, const PGresult *r)
 static void verify_done(struct mc *st, struct mc_op *op, const PGresult *r)
 {
 	struct mc_list tmp = { NULL, NULL };
-	struct mc_ident id = { 0, 0, 0 };
+	struct mc_ident id = { 0, 0, 0, 0 };
 	struct mc_op *load;
 	char err[MC_ERRLEN];
 
 	list_take(&tmp, &op->waiters);
 	st->verifications++;
-	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && PQnfields(r) == 2) {
+	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && PQnfields(r) == 3) {
 		if (mc_ident_parse(PQgetisnull(r, 0, 0) ? NULL : PQgetvalue(r, 0, 0),
-				   PQgetvalue(r, 0, 1), &id) != 0) {
+				   PQgetvalue(r, 0, 1), PQgetvalue(r, 0, 2), &id) != 0) {
 			snprintf(err, sizeof(err), "lokadb.meta version \"%s\" is not a number",
 				 PQgetvalue(r, 0, 0));
 			goto fail;

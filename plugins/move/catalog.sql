@@ -131,7 +131,8 @@ BEGIN
 END $$;
 
 -- An event trigger needs a superuser: without one the proxies learn of
--- guards added later only at their next reload (doc/lokadb.md).
+-- guards added later at a new connection's freshness check or their next
+-- reload (doc/lokadb.md).
 DO $$
 BEGIN
 	IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'lokadb_guards') THEN
@@ -141,7 +142,7 @@ BEGIN
 					     'CREATE RULE', 'DROP RULE', 'CREATE POLICY', 'DROP POLICY')
 				EXECUTE FUNCTION lokadb.guards_changed();
 		ELSE
-			RAISE NOTICE 'lokadb: not a superuser, so no event trigger: row-level security, rules or statement-level triggers added to a LokaDB table later reach the proxies at their next catalog reload';
+			RAISE NOTICE 'lokadb: not a superuser, so no event trigger: row-level security, rules or statement-level triggers added to a LokaDB table later reach the proxies at a new connection''s freshness check or their next catalog reload';
 		END IF;
 	END IF;
 END $$;

@@ -369,6 +369,39 @@ def test_row_level_security_rules_or_statement_triggers_keep_statements_on_the_p
         app.sql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
 
 
+def test_without_the_event_trigger_a_new_connection_sees_a_guard_added_later(router, app):
+    """INSTALL without a superuser creates no event trigger, so DDL sends no
+    NOTIFY: meta_cache's freshness check at a new connection (verify = 0
+    here) compares the guards too, and reloads."""
+    db = f"or_guard_nt_{os.getpid()}"
+    create_app_db(app, db)
+    try:
+        with app.connect(dbname=db) as c:
+            c.execute("DROP EVENT TRIGGER lokadb_guards")
+        b = router(settings={"pool_mode": "transaction", "default_pool_size": 1}, db=db)
+        insert = f"INSERT INTO documents (organization_id, project_id, title) VALUES ({ISOLATED}, 1, 'x')"
+
+        def on_leaf(w):
+            mark = len(b.log())
+            assert w.query(insert).error is None
+            return any("rewrite=leaf" in l for l in route_lines(b, mark))
+
+        w = b.login("app", USER)
+        assert on_leaf(w)
+        v0 = int(b.admin_dicts("SHOW META_CACHE")[0]["version"])
+        with app.connect(dbname=db) as c:
+            c.execute("CREATE FUNCTION noop() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NULL; END$$;"
+                      "CREATE TRIGGER stmt_inserts AFTER INSERT ON documents FOR EACH STATEMENT "
+                      "EXECUTE FUNCTION noop()")
+        w2 = b.login("app", USER)           # its login checks freshness: the guards differ
+        assert not on_leaf(w2) and not on_leaf(w)
+        assert int(b.admin_dicts("SHOW META_CACHE")[0]["version"]) == v0   # no new version, a new load
+        w.close()
+        w2.close()
+    finally:
+        app.sql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+
+
 def test_what_a_failed_transaction_set_is_undone_as_postgresql_undoes_it(router):
     """A SET of search_path or lokadb.org, or a temporary table, made by a
     transaction that an error then rolls back is undone by PostgreSQL: the
