@@ -254,6 +254,29 @@ def test_install_is_idempotent_and_reports_the_schema_version(bouncer_factory, p
     assert_error(console(b, "INSTALL now").error, "42601", "usage: INSTALL")
 
 
+def test_catalog_installed_by_a_non_superuser_says_it_has_no_event_trigger(pg):
+    """catalog.sql run by a role that is not a superuser (it owns the database):
+    it installs, again too, and a NOTICE says that guards added later reach
+    the proxies without the event trigger lokadb_guards."""
+    sql = (HERE.parent.parent / "plugins/move/catalog.sql").read_text()
+    name = f"mv_nosu_{int(time.time() * 1000) % 100000}"
+    role = f"lk_owner_{int(time.time() * 1000) % 100000}"
+    pg.sql(f"CREATE ROLE {role} LOGIN NOSUPERUSER")
+    pg.sql(f"CREATE DATABASE {name} OWNER {role}")
+    try:
+        for _ in range(2):
+            with pg.connect(dbname=name, user=role) as c:
+                notices = []
+                c.add_notice_handler(lambda d: notices.append(d.message_primary))
+                c.execute(sql)
+            assert any("not a superuser, so no event trigger" in n for n in notices), notices
+        assert q(pg, name, "SELECT count(*) FROM pg_event_trigger WHERE evtname = 'lokadb_guards'") == [(0,)]
+        assert one(pg, name, "SELECT lokadb.table_guard('lokadb', 'meta')") is None
+    finally:
+        pg.sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        pg.sql(f"DROP ROLE IF EXISTS {role}")
+
+
 # ----------------------------------------------------------- ENABLE TABLE --
 
 QUERIES = [
