@@ -1504,10 +1504,9 @@ static bool ps_message(struct client *c, struct evbuffer *in, char type, uint32_
  */
 static int dealloc_message(struct client *c, struct evbuffer *in, char type, uint32_t len)
 {
-	char *name;
-
 	uint8_t head[PS_DEALLOC_PEEK];
 	uint32_t peek = len + 1 < PS_DEALLOC_PEEK ? len + 1 : PS_DEALLOC_PEEK;
+	char *name;
 
 	if (len + 1 > PS_DEALLOC_MAX)
 		return -1;
