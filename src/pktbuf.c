@@ -201,6 +201,40 @@ void pkt_close(struct pktbuf *pb, char kind, const char *name)
 	pkt_end(pb);
 }
 
+void pkt_parse(struct pktbuf *pb, const char *name, const char *sql)
+{
+	pkt_begin(pb, 'P');
+	pkt_put_string(pb, name);
+	pkt_put_string(pb, sql);
+	pkt_put_int16(pb, 0);
+	pkt_end(pb);
+}
+
+void pkt_bind(struct pktbuf *pb, const char *portal, const char *stmt)
+{
+	pkt_begin(pb, 'B');
+	pkt_put_string(pb, portal);
+	pkt_put_string(pb, stmt);
+	pkt_put_int16(pb, 0);	/* parameter formats */
+	pkt_put_int16(pb, 0);	/* parameters */
+	pkt_put_int16(pb, 0);	/* result formats: text */
+	pkt_end(pb);
+}
+
+void pkt_execute(struct pktbuf *pb, const char *portal)
+{
+	pkt_begin(pb, 'E');
+	pkt_put_string(pb, portal);
+	pkt_put_int32(pb, 0);	/* every row */
+	pkt_end(pb);
+}
+
+void pkt_sync(struct pktbuf *pb)
+{
+	pkt_begin(pb, 'S');
+	pkt_end(pb);
+}
+
 void pkt_query(struct pktbuf *pb, const char *sql)
 {
 	pkt_begin(pb, 'Q');

@@ -52,6 +52,11 @@ void pkt_auth_req(struct pktbuf *pb, int32_t code, const void *data, size_t len)
 void pkt_command_complete(struct pktbuf *pb, const char *tag);
 void pkt_query(struct pktbuf *pb, const char *sql);
 void pkt_close(struct pktbuf *pb, char kind, const char *name);	/* Close of a statement (S) or portal (P) */
+/* The pooler's own extended-protocol messages: no parameters, text results, every row. */
+void pkt_parse(struct pktbuf *pb, const char *name, const char *sql);
+void pkt_bind(struct pktbuf *pb, const char *portal, const char *stmt);
+void pkt_execute(struct pktbuf *pb, const char *portal);
+void pkt_sync(struct pktbuf *pb);
 
 /* Admin result sets: RowDescription from a column list, DataRow of text values (NULL = SQL NULL). */
 void pkt_row_description(struct pktbuf *pb, int ncols, const char *const *names);

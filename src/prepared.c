@@ -627,17 +627,8 @@ static int ps_fail(struct client *c, const char *sqlstate, const char *fmt, cons
 	pkt_put_string(pb, "'; END$lokadb$");
 	pkt_put_int16(pb, 0);
 	pkt_end(pb);
-	pkt_begin(pb, 'B');
-	pkt_put_string(pb, "");
-	pkt_put_string(pb, "");
-	pkt_put_int16(pb, 0);
-	pkt_put_int16(pb, 0);
-	pkt_put_int16(pb, 0);
-	pkt_end(pb);
-	pkt_begin(pb, 'E');
-	pkt_put_string(pb, "");
-	pkt_put_int32(pb, 0);
-	pkt_end(pb);
+	pkt_bind(pb, "", "");
+	pkt_execute(pb, "");
 	if (!server_expect(s, 'P', RQ_HIDE) || !server_expect(s, 'B', RQ_HIDE) || !server_expect(s, 'E', RQ_FWD)) {
 		pkt_reset(pb);
 		return PS_FAIL;
@@ -981,35 +972,17 @@ void ps_deallocate(struct client *c, char type, char *name)
 	s->pool->stats.server_parse_count += 2;
 	/* a Close first: a batch that never ran its Execute leaves the statement */
 	pkt_close(&rt->pb, 'S', DEALLOC_STMT);
-	pkt_begin(&rt->pb, 'P');
-	pkt_put_string(&rt->pb, DEALLOC_STMT);
-	pkt_put_string(&rt->pb, "SELECT");
-	pkt_put_int16(&rt->pb, 0);
-	pkt_end(&rt->pb);
-	pkt_begin(&rt->pb, 'P');
-	pkt_put_string(&rt->pb, "");
-	pkt_put_string(&rt->pb, "DEALLOCATE " DEALLOC_STMT);
-	pkt_put_int16(&rt->pb, 0);
-	pkt_end(&rt->pb);
+	pkt_parse(&rt->pb, DEALLOC_STMT, "SELECT");
+	pkt_parse(&rt->pb, "", "DEALLOCATE " DEALLOC_STMT);
 	it = server_expect(s, 'C', RQ_HIDE) && server_expect(s, 'P', RQ_HIDE) ?
 	     server_expect(s, 'P', type == 'P' ? RQ_FWD : RQ_HIDE) : NULL;
 	if (it && type == 'Q') {
 		/* the Query as a batch of its own: the client gets the Execute's
 		 * CommandComplete and the Sync's ReadyForQuery, a Query's replies
 		 * (a Query drops the unnamed statement and portal too) */
-		pkt_begin(&rt->pb, 'B');
-		pkt_put_string(&rt->pb, "");
-		pkt_put_string(&rt->pb, "");
-		pkt_put_int16(&rt->pb, 0);
-		pkt_put_int16(&rt->pb, 0);
-		pkt_put_int16(&rt->pb, 0);
-		pkt_end(&rt->pb);
-		pkt_begin(&rt->pb, 'E');
-		pkt_put_string(&rt->pb, "");
-		pkt_put_int32(&rt->pb, 0);
-		pkt_end(&rt->pb);
-		pkt_begin(&rt->pb, 'S');
-		pkt_end(&rt->pb);
+		pkt_bind(&rt->pb, "", "");
+		pkt_execute(&rt->pb, "");
+		pkt_sync(&rt->pb);
 		if (!server_expect(s, 'B', RQ_HIDE) || !server_expect(s, 'E', RQ_FWD) || !server_expect(s, 'S', RQ_FWD))
 			it = NULL;
 		else

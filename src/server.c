@@ -531,22 +531,9 @@ void server_send_hidden_ext(struct server *s, const char *sql)
 		if (!server_expect(s, *t, RQ_HIDE))
 			return;
 	pkt_close(pb, 'S', HIDDEN_EXT_NAME);	/* left over if an error stopped the last run */
-	pkt_begin(pb, 'P');
-	pkt_put_string(pb, HIDDEN_EXT_NAME);
-	pkt_put_string(pb, sql);
-	pkt_put_int16(pb, 0);
-	pkt_end(pb);
-	pkt_begin(pb, 'B');
-	pkt_put_string(pb, HIDDEN_EXT_NAME);	/* portal */
-	pkt_put_string(pb, HIDDEN_EXT_NAME);	/* statement */
-	pkt_put_int16(pb, 0);
-	pkt_put_int16(pb, 0);
-	pkt_put_int16(pb, 0);
-	pkt_end(pb);
-	pkt_begin(pb, 'E');
-	pkt_put_string(pb, HIDDEN_EXT_NAME);
-	pkt_put_int32(pb, 0);
-	pkt_end(pb);
+	pkt_parse(pb, HIDDEN_EXT_NAME, sql);
+	pkt_bind(pb, HIDDEN_EXT_NAME, HIDDEN_EXT_NAME);	/* portal, statement */
+	pkt_execute(pb, HIDDEN_EXT_NAME);
 	pkt_close(pb, 'P', HIDDEN_EXT_NAME);	/* a named portal lives until the transaction ends */
 	pkt_close(pb, 'S', HIDDEN_EXT_NAME);
 	pkt_send(pb, bufferevent_get_output(s->bev));

@@ -1035,44 +1035,43 @@ static void effect_temp(struct an *x, const PgQuery__RangeVar *rv, bool at_commi
 	x->st->val.value = dup_or_oom(x, rv->relname);
 }
 
-/* DROP TABLE/VIEW: its unqualified (or pg_temp.) names, NUL after each and an empty one last. */
+/* The name a DROP object (a list of names) gives a temporary relation: unqualified or pg_temp., else NULL. */
+static const char *dropped_name(const Node *o)
+{
+	const char *name = NULL;
+
+	if (!o || o->node_case != PG_QUERY__NODE__NODE_LIST)
+		return NULL;
+	if (o->list->n_items == 1)
+		name = str_of(o->list->items[0]);
+	else if (o->list->n_items == 2 && temp_schema(str_of(o->list->items[0])))
+		name = str_of(o->list->items[1]);
+	return name && *name ? name : NULL;
+}
+
+/* DROP TABLE/VIEW: those names, NUL after each and an empty one last. */
 static void effect_drop(struct an *x, const PgQuery__DropStmt *d)
 {
 	size_t len = 1, o = 0;
-	char *v = NULL;
+	const char *name;
+	char *v;
 
 	if (d->remove_type != PG_QUERY__OBJECT_TYPE__OBJECT_TABLE && d->remove_type != PG_QUERY__OBJECT_TYPE__OBJECT_VIEW)
 		return;
-	for (int pass = 0; pass < 2; pass++) {
-		for (size_t i = 0; i < d->n_objects; i++) {
-			const Node *o_ = d->objects[i];
-			const char *name;
-			if (!o_ || o_->node_case != PG_QUERY__NODE__NODE_LIST)
-				continue;
-			if (o_->list->n_items == 1)
-				name = str_of(o_->list->items[0]);
-			else if (o_->list->n_items == 2 && temp_schema(str_of(o_->list->items[0])))
-				name = str_of(o_->list->items[1]);
-			else
-				continue;
-			if (!name || !*name)
-				continue;
-			if (pass == 0) {
-				len += strlen(name) + 1;
-			} else {
-				memcpy(v + o, name, strlen(name) + 1);
-				o += strlen(name) + 1;
-			}
-		}
-		if (pass == 0) {
-			if (len == 1)
-				return;
-			if (!(v = malloc(len))) {
-				x->oom = true;
-				return;
-			}
-		}
+	for (size_t i = 0; i < d->n_objects; i++)
+		if ((name = dropped_name(d->objects[i])))
+			len += strlen(name) + 1;
+	if (len == 1)
+		return;
+	if (!(v = malloc(len))) {
+		x->oom = true;
+		return;
 	}
+	for (size_t i = 0; i < d->n_objects; i++)
+		if ((name = dropped_name(d->objects[i]))) {
+			memcpy(v + o, name, strlen(name) + 1);
+			o += strlen(name) + 1;
+		}
 	v[o] = 0;
 	x->st->effect = OR_FX_TEMP_DROP;
 	x->st->val.value = v;

@@ -98,42 +98,54 @@ static void out_take(struct bufferevent *bev, char *types, size_t tlen, char *na
 		names[0] = 0;
 }
 
+/* A C string into buf at *n, with its NUL. */
+static void put_str(uint8_t *buf, uint32_t *n, const char *str)
+{
+	memcpy(buf + *n, str, strlen(str) + 1);
+	*n += (uint32_t)strlen(str) + 1;
+}
+
+/* The type byte and length of the message of n bytes in buf; returns n. */
+static uint32_t finish(uint8_t *buf, char type, uint32_t n)
+{
+	buf[0] = (uint8_t)type;
+	buf[1] = 0; buf[2] = 0; buf[3] = (uint8_t)((n - 1) >> 8); buf[4] = (uint8_t)(n - 1);
+	return n;
+}
+
 static uint32_t mk_parse(uint8_t *buf, const char *name, const char *sql)
 {
 	uint32_t n = 5;
-	memcpy(buf + n, name, strlen(name) + 1);
-	n += (uint32_t)strlen(name) + 1;
-	memcpy(buf + n, sql, strlen(sql) + 1);
-	n += (uint32_t)strlen(sql) + 1;
+	put_str(buf, &n, name);
+	put_str(buf, &n, sql);
+	buf[n++] = 0;		/* no parameter types */
 	buf[n++] = 0;
-	buf[n++] = 0;
-	buf[0] = 'P';
-	buf[1] = 0; buf[2] = 0; buf[3] = (uint8_t)((n - 1) >> 8); buf[4] = (uint8_t)(n - 1);
-	return n;
+	return finish(buf, 'P', n);
 }
 
 static uint32_t mk_bind(uint8_t *buf, const char *name)
 {
 	uint32_t n = 5;
-	buf[n++] = 0;		/* portal "" */
-	memcpy(buf + n, name, strlen(name) + 1);
-	n += (uint32_t)strlen(name) + 1;
+	put_str(buf, &n, "");	/* portal */
+	put_str(buf, &n, name);
 	memset(buf + n, 0, 6);	/* no formats, no params, no result formats */
 	n += 6;
-	buf[0] = 'B';
-	buf[1] = 0; buf[2] = 0; buf[3] = (uint8_t)((n - 1) >> 8); buf[4] = (uint8_t)(n - 1);
-	return n;
+	return finish(buf, 'B', n);
 }
 
 static uint32_t mk_close(uint8_t *buf, const char *name)
 {
 	uint32_t n = 6;
-	memcpy(buf + n, name, strlen(name) + 1);
-	n += (uint32_t)strlen(name) + 1;
-	buf[0] = 'C';
-	buf[1] = 0; buf[2] = 0; buf[3] = (uint8_t)((n - 1) >> 8); buf[4] = (uint8_t)(n - 1);
 	buf[5] = 'S';
-	return n;
+	put_str(buf, &n, name);
+	return finish(buf, 'C', n);
+}
+
+static uint32_t mk_query(uint8_t *buf, const char *sql)
+{
+	uint32_t n = 5;
+	put_str(buf, &n, sql);
+	return finish(buf, 'Q', n);
 }
 
 static int do_parse(struct client *c, const char *name, const char *sql)
@@ -327,16 +339,6 @@ static bool test_synthesized_replies_wait_their_turn(void)
 end:
 	fx_done(&f);
 	return ok;
-}
-
-static uint32_t mk_query(uint8_t *buf, const char *sql)
-{
-	uint32_t n = 5;
-	memcpy(buf + n, sql, strlen(sql) + 1);
-	n += (uint32_t)strlen(sql) + 1;
-	buf[0] = 'Q';
-	buf[1] = 0; buf[2] = 0; buf[3] = (uint8_t)((n - 1) >> 8); buf[4] = (uint8_t)(n - 1);
-	return n;
 }
 
 /* SQL DEALLOCATE of a client's name: recognized by the parser, sent as the pooler's batch, undone when skipped. */
