@@ -1568,6 +1568,8 @@ static void send_reparse(struct client *c, struct lk_event *ev)
 static void ps_watched(struct client *c, struct lk_event *ev, struct evbuffer *in, uint32_t len)
 {
 	uint8_t *copy = NULL;
+	struct server *s = c->link;
+	uint32_t items = s->rq.count;
 
 	if (plugin_query_build(c, ev, &rt->pb)) {
 		uint32_t n = (uint32_t)rt->pb.len;
@@ -1581,6 +1583,8 @@ static void ps_watched(struct client *c, struct lk_event *ev, struct evbuffer *i
 		pkt_reset(&rt->pb);
 		ps_send_whole(c, copy, n);
 		free(copy);
+		if (!c->closing && !s->closing && s->rq.count > items)	/* a Parse went: its item */
+			plugin_query_give_map(ev, rq_at(&s->rq, s->rq.count - 1));
 	} else {
 		ps_send_whole(c, evbuffer_pullup(in, (ssize_t)len + 1), len + 1);
 	}
@@ -1663,6 +1667,7 @@ static bool watched_message(struct client *c, struct evbuffer *in, char type, ui
 	note_sent_to_server(c, type);
 	if (plugin_query_build(c, ev, &rt->pb)) {
 		struct evbuffer *out = bufferevent_get_output(c->link->bev);
+		plugin_query_give_map(ev, rq_at(&c->link->rq, c->link->rq.count - 1));
 		drop_message(c, in, len);
 		c->link->pool->stats.bytes_received += rt->pb.len;
 		pkt_send(&rt->pb, out);

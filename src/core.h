@@ -542,6 +542,9 @@ void plugin_event_free(struct lk_event *ev);
 const char *plugin_event_route(const struct lk_event *ev);
 void plugin_event_error(const struct lk_event *ev, const char **sqlstate, const char **msg);
 bool plugin_query_build(struct client *c, struct lk_event *ev, struct pktbuf *pb);
+/* The reply queue's item of the decided Query or Parse just sent takes the event's text map (ABI 1.12). */
+struct rq_item;
+void plugin_query_give_map(struct lk_event *ev, struct rq_item *it);
 char **plugin_query_prefixes(struct lk_event *ev, int *n);
 /* query_set_var: send the values the server lacks (hidden), call query_on_vars. */
 void plugin_query_send_vars(struct client *c, struct lk_event *ev);

@@ -19,6 +19,7 @@
  * server; plugins see them only as opaque pointers.
  */
 #include "core.h"
+#include "textmap.h"
 
 #include <ctype.h>
 #include <dlfcn.h>
@@ -87,6 +88,7 @@ struct lk_event {
 	char **prefix;
 	int n_prefix;
 	char *reparse;			/* B: parse the bound statement again with this text first */
+	struct textmap *map;		/* query_text_spans of new_sql (ABI 1.12), until the reply queue takes it */
 	int n_vars;			/* query_set_var, in ->vars */
 	struct { struct lk_plugin *pl; lk_vars_fn fn; void *arg; } on_vars[4];	/* query_on_vars */
 	int n_on_vars;
@@ -343,6 +345,8 @@ void plugin_event_free(struct lk_event *ev)
 		free(ev->route);
 	if (ev->reparse)
 		free(ev->reparse);
+	if (ev->map)
+		textmap_free(ev->map);
 	if (ev->res)
 		result_free(ev->res);
 #if EV_SPARE
@@ -1507,7 +1511,35 @@ static int api_query_rewrite(lk_event *ev, const char *sql)
 		memmove(ev->sqlbuf, sql, n);
 	}
 	ev->new_sql = ev->sqlbuf;
+	textmap_free(ev->map);	/* spans were of the text before */
+	ev->map = NULL;
 	return 0;
+}
+
+/* Does the client count its text's characters as UTF-8 (client_encoding)? */
+static bool client_utf8(const struct client *c)
+{
+	const char *enc = c ? c->vars.v[VAR_CLIENT_ENCODING] : NULL;
+
+	return !enc || strcasecmp(enc, "UTF8") == 0 || strcasecmp(enc, "UTF-8") == 0 || strcasecmp(enc, "UNICODE") == 0;
+}
+
+static int api_query_text_spans(lk_event *ev, const lk_text_span *spans, int n)
+{
+	if (ev->hook != LK_HOOK_QUERY || (ev->qtype != 'Q' && ev->qtype != 'P') || !ev->new_sql || !spans)
+		return -1;
+	textmap_free(ev->map);
+	ev->map = textmap_build(ev->sql, ev->new_sql, spans, n, client_utf8(ev->c));
+	return ev->map ? 0 : -1;
+}
+
+/* The reply queue's item of the decided Query or Parse just sent (type, RQ_FWD) takes its text map. */
+void plugin_query_give_map(struct lk_event *ev, struct rq_item *it)
+{
+	if (ev->map && it && it->type == ev->qtype && it->act == RQ_FWD && !it->map) {
+		it->map = ev->map;
+		ev->map = NULL;
+	}
 }
 
 static int api_query_set_param(lk_event *ev, int i, const char *value)
@@ -3335,4 +3367,5 @@ static const struct lk_api api_table = {
 	.query_vars_inline = api_query_vars_inline,
 	.server_retire = api_server_retire,
 	.ev_txn_failed = api_ev_txn_failed,
+	.query_text_spans = api_query_text_spans,
 };

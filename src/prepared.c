@@ -32,6 +32,7 @@
  */
 #include "core.h"
 #include "prepared.h"
+#include "textmap.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -82,8 +83,10 @@ static void item_release(struct rq_item *it)
 {
 	entry_unref(it->e);
 	free(it->name);
+	textmap_free(it->map);
 	it->e = NULL;
 	it->name = NULL;
+	it->map = NULL;
 }
 
 void rq_pop(struct replyq *q)

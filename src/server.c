@@ -22,6 +22,7 @@
  */
 #include "core.h"
 #include "scram.h"
+#include "textmap.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -777,50 +778,27 @@ static bool complete_head(struct server *s, struct evbuffer *in, const uint8_t *
 }
 
 /*
- * An error or notice (type) of a client Query that had `shift` characters put
- * in front of its text (query_vars_inline): the client gets it with the
- * position (P) where it is in its own text. false: no position to move
- * (forward it as is).
+ * An error or notice (type) of a client message whose text the client did
+ * not write as sent: values put in front (query_vars_inline, it->shift) or
+ * a plugin's rewrite (it->map): into pb as the client must see it
+ * (textmap_error). false: forward it as it is.
  */
-static bool shift_position(struct server *s, struct evbuffer *in, char type, const uint8_t *body, uint32_t len,
-			   uint32_t shift)
+static bool fix_error(struct pktbuf *pb, char type, const uint8_t *body, uint32_t len, const struct rq_item *it)
 {
-	const char *p = (const char *)body, *end = (const char *)body + len, *pos = NULL;
-	struct client *c = s->link;
-	struct pktbuf pb;
-	long v;
+	return it && (it->shift || it->map) && textmap_error(pb, type, body, len, it->shift, it->map);
+}
 
-	while (p < end && *p) {
-		size_t n = strnlen(p + 1, (size_t)(end - p - 1));
-		if (n == (size_t)(end - p - 1))
-			return false;
-		if (*p == 'P')
-			pos = p + 1;
-		p += n + 2;
-	}
-	if (!pos || (v = strtol(pos, NULL, 10)) <= (long)shift)
-		return false;	/* none, or in the SETs (cannot be: forwarded as is) */
-	pkt_init(&pb);
-	pkt_begin(&pb, (uint8_t)type);
-	for (p = (const char *)body; p < end && *p; p += strlen(p + 1) + 2) {
-		pkt_put_byte(&pb, (uint8_t)*p);
-		if (p + 1 == pos) {
-			char num[24];
-			snprintf(num, sizeof(num), "%ld", v - (long)shift);
-			pkt_put_string(&pb, num);
-		} else {
-			pkt_put_string(&pb, p + 1);
-		}
-	}
-	pkt_put_byte(&pb, 0);
-	pkt_end(&pb);
-	evbuffer_drain(in, len + 5);
+/* pb, built by fix_error, to the client in place of the len + 1 bytes of `in`. */
+static void send_fixed(struct server *s, struct evbuffer *in, uint32_t len, struct pktbuf *pb)
+{
+	struct client *c = s->link;
+
+	evbuffer_drain(in, len + 1);
 	if (c && !c->closing) {
-		s->pool->stats.bytes_sent += pb.len;
-		pkt_send(&pb, bufferevent_get_output(c->bev));
+		s->pool->stats.bytes_sent += pb->len;
+		pkt_send(pb, bufferevent_get_output(c->bev));
 	}
-	pkt_free(&pb);
-	return true;
+	pkt_free(pb);
 }
 
 /* A message the pooler reads whole; returns false when it is not all here. */
@@ -849,24 +827,36 @@ static bool inspect_message(struct server *s, struct evbuffer *in, const uint8_t
 			s->close_needed = true;	/* a failed check, reset or connect_query: not reused */
 	} else if (type == 'E') {
 		struct rq_item *head = rq_head(&s->rq);
+		struct pktbuf pb;
+		bool fixed;
 		s->copy_in = false;	/* an error ends COPY IN */
 		s->ext_err = true;	/* values sent inside the batch did not stick */
 		s->rfq_err = true;
 		if (head && head->type == 'Q' && head->vars) {
 			head->hide_cc = 0;	/* the Query stops here: no SET's reply comes after */
 			head->vars_err = true;
-			if (head->shift && shift_position(s, in, type, body, len - 4, head->shift))
-				return true;
 		}
+		pkt_init(&pb);
+		fixed = fix_error(&pb, type, body, len - 4, head);	/* before the batch's items go */
 		/* after an extended-protocol message PostgreSQL skips the batch up to its
 		 * Sync; a client without one in flight has the rest of its batch dropped
 		 * up to the Sync it sends (not a message a plugin's hook holds: that
 		 * one goes on when decided, and the server skips it) */
 		if (head && !owes_rfq(head->type) && !rq_discard_batch(s) && s->link && !s->link->qev)
 			s->link->skip_to_sync = true;
-	} else if (type == 'N') {	/* server_message: a notice of a Query with values in front */
-		if (shift_position(s, in, type, body, len - 4, rq_head(&s->rq)->shift))
+		if (fixed) {
+			send_fixed(s, in, len, &pb);
 			return true;
+		}
+		pkt_free(&pb);
+	} else if (type == 'N') {	/* server_message: a notice of a Query with values in front, or rewritten */
+		struct pktbuf pb;
+		pkt_init(&pb);
+		if (fix_error(&pb, type, body, len - 4, rq_head(&s->rq))) {
+			send_fixed(s, in, len, &pb);
+			return true;
+		}
+		pkt_free(&pb);
 	}
 	move_bytes(s, in, len + 1);
 	return true;
@@ -956,7 +946,7 @@ static bool server_message(struct server *s, struct evbuffer *in)
 		batch_flush(s, in);
 		return inspect_message(s, in, hdr, len);
 	case 'N':	/* a warning's position, like an error's (inspect_message) */
-		if (head && head->type == 'Q' && head->vars && head->shift && !s->fwd_hidden) {
+		if (head && (head->shift || head->map) && !s->fwd_hidden) {
 			batch_flush(s, in);
 			return inspect_message(s, in, hdr, len);
 		}

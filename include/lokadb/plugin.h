@@ -40,7 +40,7 @@ extern "C" {
 
 #define LK_PLUGIN_MAGIC 0x4c4b504cu	/* "LKPL" */
 #define LK_ABI_MAJOR 1
-#define LK_ABI_MINOR 11
+#define LK_ABI_MINOR 12
 #define LK_PLUGIN_SYMBOL "lokadb_plugin"
 
 /* Opaque handles. */
@@ -55,6 +55,14 @@ typedef struct lk_pg lk_pg;		/* a non-blocking libpq connection on the loop */
 typedef struct lk_connect lk_connect;	/* one connection a transport is asked to open */
 typedef struct lk_api lk_api;
 typedef struct lk_metrics lk_metrics;	/* a /metrics answer being written; valid during the metric's callback */
+
+/* ABI 1.12: a part of a rewritten text (api->query_text_spans) */
+typedef struct lk_text_span {
+	uint32_t at, len;		/* text sent: bytes [at, at + len) */
+	uint32_t client_len;		/* ... stand for this many bytes of the client's text */
+	const char *name;		/* a relation named there instead of client_name (NULL: none) */
+	const char *client_name;
+} lk_text_span;
 
 struct event_base;			/* libevent */
 struct pg_conn;				/* libpq's PGconn */
@@ -505,6 +513,23 @@ struct lk_api {
 	 * without, -1 for other events. A client that pipelines several
 	 * Sync-terminated batches gets one TXN_END for the last of them. */
 	int (*ev_txn_failed)(lk_event *ev);
+
+	/* ---- ABI 1.12 ---- */
+	/* Q, P, after query_rewrite: where the text sent differs from the
+	 * client's, `n` spans in text order (at most 64), so that an error or
+	 * a notice PostgreSQL reports on the text sent reaches the client
+	 * about its own text. Each span is text-sent[at, at + len), which
+	 * stands for `client_len` bytes of the client's text; every byte
+	 * outside the spans is the client's, in order (the core checks it,
+	 * and keeps no spans when it is not so). An error's position (P) in
+	 * a span moves to the start of the client's bytes, after one moves
+	 * by the spans before it. `name`, when not NULL, is a relation the
+	 * text sent names in that span instead of the client's `client_name`:
+	 * in an error of class 42 (the statement's analysis: an unknown
+	 * column ...; not 42501), a quoted "name" in the message, detail or
+	 * hint and a table field (t) equal to it become the client's. 0 or
+	 * -1 (another event, no rewrite, bad spans). */
+	int (*query_text_spans)(lk_event *ev, const lk_text_span *spans, int n);
 };
 
 #ifdef __cplusplus

@@ -852,9 +852,16 @@ static size_t put_ident(char *out, const char *name)
 	return o;
 }
 
-/* At p: "\x03schema\x05table\x04" (a leaf marker, quoted): schema and
- * table into the buffers, the end into *end. false: not one. */
-static bool leaf_marker(const char *p, char *schema, char *table, const char **end)
+/* The numbers of a leaf marker: where the client's text changed around it (org_routing.h). */
+struct mark_span {
+	bool has;
+	uint32_t pre, post, client;
+};
+
+/* At p: "\x03schema\x05table[\x06pre.post.client]\x04" (a leaf marker,
+ * quoted): schema and table into the buffers, the numbers into *ms, the
+ * end into *end. false: not one. */
+static bool leaf_marker(const char *p, char *schema, char *table, struct mark_span *ms, const char **end)
 {
 	char *bufs[2] = { schema, table };
 	int stops[2] = { OR_LEAF_SEP, OR_LEAF_END };
@@ -862,19 +869,54 @@ static bool leaf_marker(const char *p, char *schema, char *table, const char **e
 	if (p[0] != '"' || p[1] != OR_LEAF_MARK)
 		return false;
 	p += 2;
+	ms->has = false;
 	for (int i = 0; i < 2; i++) {
 		size_t n = 0;
-		while (*p && *p != stops[i] && n < NAMEDATALEN_OR - 1)
+		while (*p && *p != stops[i] && (i == 0 || *p != OR_LEAF_SPAN) && n < NAMEDATALEN_OR - 1)
 			bufs[i][n++] = *p++;
+		bufs[i][n] = 0;
+		if (i == 1 && *p == OR_LEAF_SPAN) {
+			uint32_t *v[3] = { &ms->pre, &ms->post, &ms->client };
+			p++;
+			for (int k = 0; k < 3; k++) {
+				unsigned long x = 0;
+				const char *d = p;
+				while (IS_DIGIT(*p) && x < 100000000ul)
+					x = x * 10 + (unsigned long)(*p++ - '0');
+				if (p == d || (k < 2 && *p++ != '.'))
+					return false;
+				*v[k] = (uint32_t)x;
+			}
+			ms->has = true;
+		}
 		if (*p != stops[i])
 			return false;
-		bufs[i][n] = 0;
 		p++;
 	}
 	if (*p != '"')
 		return false;
 	*end = p + 1;
 	return true;
+}
+
+/* A leaf put in at output offset o (name_len bytes, for table): its span into sp. */
+static void span_add(struct or_spans *sp, const struct mark_span *ms, size_t o, size_t name_len, const char *leaf,
+		     const char *table)
+{
+	lk_text_span *x;
+
+	if (!sp || sp->bad)
+		return;
+	if (!ms->has || sp->n >= OR_SPANS_MAX || o < ms->pre) {
+		sp->bad = true;
+		return;
+	}
+	x = &sp->s[sp->n++];
+	x->at = (uint32_t)(o - ms->pre);
+	x->len = (uint32_t)(ms->pre + name_len + ms->post);
+	x->client_len = ms->client;
+	x->name = leaf;
+	x->client_name = table;
 }
 
 /* Room for `need` bytes in *buf. */
@@ -899,6 +941,7 @@ bool or_template_fill_buf(const char *tpl, const struct or_norm *n, or_leaf_fn l
 {
 	char schema[NAMEDATALEN_OR], table[NAMEDATALEN_OR];
 	static const char stops[] = { TPL_MARK, '"', 0 };
+	struct mark_span ms;
 	size_t o = 0;
 
 	*no_leaf = false;
@@ -925,7 +968,7 @@ bool or_template_fill_buf(const char *tpl, const struct or_norm *n, or_leaf_fn l
 			p = end + 1;
 		} else if (p[1] == OR_LEAF_MARK) {
 			const char *name;
-			if (!leaf || !leaf_marker(p, schema, table, &end))
+			if (!leaf || !leaf_marker(p, schema, table, &ms, &end))
 				return false;
 			if (!(name = leaf(arg, schema, table)) || strlen(name) >= NAMEDATALEN_OR) {
 				*no_leaf = true;
@@ -961,6 +1004,7 @@ struct tpl_op {
 	uint32_t what;			/* TOP_* after them */
 	uint32_t k;			/* TOP_LIT: literal number k (1-based) */
 	const char *schema, *table;	/* TOP_LEAF */
+	struct mark_span ms;		/* ... its numbers */
 };
 
 struct or_tpl {
@@ -1008,7 +1052,7 @@ struct or_tpl *or_template_compile(const char *tpl)
 		} else if (p[1] == OR_LEAF_MARK) {
 			char schema[NAMEDATALEN_OR], table[NAMEDATALEN_OR];
 			size_t ls, lt;
-			if (!leaf_marker(p, schema, table, &end)) {
+			if (!leaf_marker(p, schema, table, &op->ms, &end)) {
 				op->what = TOP_FAIL;
 				break;
 			}
@@ -1038,11 +1082,15 @@ void or_template_free(struct or_tpl *t)
 }
 
 bool or_template_run(const struct or_tpl *t, const struct or_norm *n, or_leaf_fn leaf, void *arg, bool *no_leaf,
-		     char **buf, size_t *cap)
+		     char **buf, size_t *cap, struct or_spans *sp)
 {
-	size_t o = 0;
+	size_t o = 0, k;
 
 	*no_leaf = false;
+	if (sp) {
+		sp->n = 0;
+		sp->bad = false;
+	}
 	for (const struct tpl_op *op = t->op;; op++) {
 		const char *name;
 		if (!fill_room(buf, cap, o + op->len + 1))
@@ -1070,7 +1118,9 @@ bool or_template_run(const struct or_tpl *t, const struct or_norm *n, or_leaf_fn
 			}
 			if (!fill_room(buf, cap, o + 2 * NAMEDATALEN_OR + 3))
 				return false;
-			o += put_ident(*buf + o, name);
+			k = put_ident(*buf + o, name);
+			span_add(sp, &op->ms, o, k, name, op->table);
+			o += k;
 			break;
 		default:
 			return false;
@@ -1085,7 +1135,7 @@ char *or_template_fill(const char *tpl, const struct or_norm *n, or_leaf_fn leaf
 	size_t cap = 0;
 
 	*no_leaf = false;
-	if (!t || !or_template_run(t, n, leaf, arg, no_leaf, &buf, &cap)) {
+	if (!t || !or_template_run(t, n, leaf, arg, no_leaf, &buf, &cap, NULL)) {
 		free(buf);
 		buf = NULL;
 	}

@@ -1143,6 +1143,7 @@ static const char *leaf_of(void *arg, const char *schema, const char *table)
  */
 static char *fill_buf;		/* what filled() returns, reused */
 static size_t fill_cap;
+static struct or_spans fill_spans;	/* ... and where it differs from the client's text (bad: not known) */
 
 static const char *filled(const struct orr *g, struct or_rewrite_memo *m, int i, bool tmpl,
 			  const struct decision *d)
@@ -1151,6 +1152,7 @@ static const char *filled(const struct orr *g, struct or_rewrite_memo *m, int i,
 	const char *res = m->slot[i].sql;
 	bool no_leaf, ok;
 
+	fill_spans.bad = true;
 	if (!res)
 		return NULL;
 	if (!tmpl && !cur_norm)
@@ -1158,7 +1160,7 @@ static const char *filled(const struct orr *g, struct or_rewrite_memo *m, int i,
 	/* compiled at its first use, kept with it in the memo */
 	if (m->slot[i].tpl || (m->slot[i].tpl = or_template_compile(res)))
 		ok = or_template_run(m->slot[i].tpl, cur_norm, tmpl ? leaf_of : NULL, &l, &no_leaf, &fill_buf,
-				     &fill_cap);
+				     &fill_cap, tmpl ? &fill_spans : NULL);
 	else
 		ok = or_template_fill_buf(res, cur_norm, tmpl ? leaf_of : NULL, &l, &no_leaf, &fill_buf, &fill_cap);
 	return ok ? fill_buf : NULL;
@@ -1237,6 +1239,9 @@ static void maybe_rewrite(struct orr *g, lk_event *ev, struct orc *x, const stru
 	if (api->query_rewrite(ev, res) == 0) {
 		g->n[N_REWRITTEN]++;
 		d->rewrite = copy_table ? "copy" : "leaf";
+		/* where it differs, for PostgreSQL's errors about it (the core checks the rest is the client's) */
+		if (!copy_table && !fill_spans.bad && fill_spans.n > 0 && LK_API_HAS(api, query_text_spans))
+			api->query_text_spans(ev, fill_spans.s, fill_spans.n);
 		if (g->route_log)
 			snprintf(d->target, sizeof(d->target), "%s", res);
 		if (type == 'P')

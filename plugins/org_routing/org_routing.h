@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include <lokadb/meta_cache.h>
+#include <lokadb/plugin.h>
 
 #define NAMEDATALEN_OR 64	/* PostgreSQL identifiers are at most 63 bytes */
 
@@ -255,12 +256,24 @@ char *or_template_encode(const char *sql, int nlits);
 /*
  * A leaf template (or_rewrite with org NULL) names each LokaDB occurrence
  * with a marker instead of a leaf: the quoted identifier
- * "\x03schema\x05table\x04", which or_template_fill() replaces with the
- * organization's leaf of that table. One template serves every organization.
+ * "\x03schema\x05table\x06pre.post.client\x04", which or_template_fill()
+ * replaces with the organization's leaf of that table. One template serves
+ * every organization. The numbers (optional: "\x03schema\x05table\x04")
+ * say where the client's text changed around it: `pre` bytes before the
+ * marker (the schema and its dot) and `post` after it (an alias added)
+ * belong to the name written instead of the client's `client` bytes.
  */
 #define OR_LEAF_MARK 0x03
 #define OR_LEAF_SEP 0x05
+#define OR_LEAF_SPAN 0x06
 #define OR_LEAF_END 0x04
+/* Where a filled template differs from the client's text (api->query_text_spans). */
+#define OR_SPANS_MAX 64
+struct or_spans {
+	int n;
+	bool bad;		/* a marker without its numbers (or too many): no spans to give */
+	lk_text_span s[OR_SPANS_MAX];
+};
 /* The leaf of schema.table for the organization being filled in; NULL: none. */
 typedef const char *(*or_leaf_fn)(void *arg, const char *schema, const char *table);
 /*
@@ -274,11 +287,13 @@ char *or_template_fill(const char *tpl, const struct or_norm *n, or_leaf_fn leaf
 bool or_template_fill_buf(const char *tpl, const struct or_norm *n, or_leaf_fn leaf, void *arg, bool *no_leaf,
 			  char **buf, size_t *cap);
 /* A template compiled once (NULL: out of memory), then filled per message by
- * or_template_run() exactly as or_template_fill_buf() fills its text. */
+ * or_template_run() exactly as or_template_fill_buf() fills its text. With
+ * sp (may be NULL): the spans of each leaf put in (names valid until the
+ * leaves change or the template goes). */
 struct or_tpl *or_template_compile(const char *tpl);
 void or_template_free(struct or_tpl *t);
 bool or_template_run(const struct or_tpl *t, const struct or_norm *n, or_leaf_fn leaf, void *arg, bool *no_leaf,
-		     char **buf, size_t *cap);
+		     char **buf, size_t *cap, struct or_spans *sp);
 
 /* ---- rewrite.c ---- */
 

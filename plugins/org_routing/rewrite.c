@@ -155,14 +155,16 @@ static bool markable(const char *name)
 	return true;
 }
 
-/* The leaf marker of table t (see OR_LEAF_MARK), quoted; false: t's names cannot be carried. */
-static bool leaf_marker(const struct mc_table *t, char *buf, size_t len)
+/* The leaf marker of table t (see OR_LEAF_MARK), quoted, with the numbers
+ * of its span; false: t's names cannot be carried. */
+static bool leaf_marker(const struct mc_table *t, size_t pre, size_t post, size_t client, char *buf, size_t len)
 {
 	int n;
 
 	if (!markable(t->schema) || !markable(t->name))
 		return false;
-	n = snprintf(buf, len, "\"%c%s%c%s%c\"", OR_LEAF_MARK, t->schema, OR_LEAF_SEP, t->name, OR_LEAF_END);
+	n = snprintf(buf, len, "\"%c%s%c%s%c%zu.%zu.%zu%c\"", OR_LEAF_MARK, t->schema, OR_LEAF_SEP, t->name,
+		     OR_LEAF_SPAN, pre, post, client, OR_LEAF_END);
 	return n > 0 && (size_t)n < len;
 }
 
@@ -253,7 +255,7 @@ static enum or_rw_result to_leaves(struct rw *w, ProtobufCMessage *stmt, const c
 				   char **out)
 {
 	struct edit e[RW_MAX_RVS];
-	char mark[RW_MAX_RVS][2 * NAMEDATALEN_OR + 6], leafq[RW_MAX_RVS][2 * NAMEDATALEN_OR + 3];
+	char mark[2 * NAMEDATALEN_OR + 72], leafq[RW_MAX_RVS][2 * NAMEDATALEN_OR + 3];
 	struct or_tok *tk;
 	size_t ntk, need, o, from;
 	int ne = 0;
@@ -287,9 +289,9 @@ static enum or_rw_result to_leaves(struct rw *w, ProtobufCMessage *stmt, const c
 				return OR_RW_NONE;
 			e[ne].leaf = leafq[ne];
 		} else {
-			if (!leaf_marker(t, mark[ne], sizeof(mark[ne])))
+			if (!markable(t->schema) || !markable(t->name))
 				return OR_RW_NONE;
-			e[ne].leaf = mark[ne];
+			e[ne].leaf = NULL;	/* its marker, written with its span's numbers */
 		}
 		if (!put_name(e[ne].schema, sizeof(e[ne].schema), t->schema))
 			return OR_RW_NONE;
@@ -306,7 +308,8 @@ static enum or_rw_result to_leaves(struct rw *w, ProtobufCMessage *stmt, const c
 			free(tk);
 			return OR_RW_FAILED;
 		}
-		need += strlen(e[i].schema) + 1 + strlen(e[i].leaf) + 4 + (size_t)(e[i].as_to - e[i].as_from) + 1;
+		need += strlen(e[i].schema) + 1 + (e[i].leaf ? strlen(e[i].leaf) : sizeof(mark)) + 4 +
+			(size_t)(e[i].as_to - e[i].as_from) + 1;
 	}
 	free(tk);
 	qsort(e, (size_t)ne, sizeof(e[0]), edit_cmp);
@@ -318,13 +321,19 @@ static enum or_rw_result to_leaves(struct rw *w, ProtobufCMessage *stmt, const c
 	o = from = 0;
 	for (int i = 0; i < ne; i++) {
 		const struct edit *x = &e[i];
+		const char *sep = x->alias == 2 ? " AS " : " ", *leaf = x->leaf;
+		size_t post = (size_t)(x->at - x->to) + (x->alias ? strlen(sep) + (size_t)(x->as_to - x->as_from) : 0);
+		if (!leaf && !leaf_marker(w->t[x->rv], strlen(x->schema) + 1, post, (size_t)(x->at - x->from), mark,
+					  sizeof(mark))) {
+			free(s);
+			return OR_RW_FAILED;
+		}
 		memcpy(s + o, sql + from, (size_t)x->from - from);
 		o += (size_t)x->from - from;
-		o += (size_t)sprintf(s + o, "%s.%s", x->schema, x->leaf);
+		o += (size_t)sprintf(s + o, "%s.%s", x->schema, leaf ? leaf : mark);
 		memcpy(s + o, sql + x->to, (size_t)(x->at - x->to));		/* a ` *` after the name */
 		o += (size_t)(x->at - x->to);
 		if (x->alias) {
-			const char *sep = x->alias == 2 ? " AS " : " ";
 			memcpy(s + o, sep, strlen(sep));
 			o += strlen(sep);
 			memcpy(s + o, sql + x->as_from, (size_t)(x->as_to - x->as_from));

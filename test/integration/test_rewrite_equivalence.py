@@ -419,9 +419,15 @@ CASES = [
          "WHERE organization_id = {o}", None, txn=True, check="SELECT count(*), min(id) FROM eq_tmp",
          modes=("simple",)),
     Case("error_position_in_a_rewritten_statement", "SELECT count(*) FROM documents WHERE organization_id = 2 "
-         "AND nosuchcol = 1", None, finding=F15),
-    Case("error_naming_the_table", "UPDATE documents SET nosuchcol = 1 WHERE organization_id = 2", None, txn=True,
-         finding=F15),
+         "AND nosuchcol = 1", True),
+    Case("error_naming_the_table", "UPDATE documents SET nosuchcol = 1 WHERE organization_id = 2", True, txn=True),
+    Case("error_position_after_two_renamed_tables_and_non_ascii_text", "SELECT d.id, 'héllo wörld' AS greeting "
+         "FROM documents d JOIN versions ON versions.document_id = d.id AND versions.organization_id = 2 "
+         "WHERE d.organization_id = 2 AND d.title <> 'ünïcode' AND versions.nosuchcol = 1", True),
+    Case("error_naming_an_insert_target", "INSERT INTO documents (organization_id, id, nosuchcol) "
+         "VALUES (2, 999001, 1)", True, txn=True),
+    Case("error_inside_the_renamed_name", "SELECT documents.nosuchcol FROM public.documents "
+         "WHERE organization_id = 2", True),
     # ------------------------------------------- session organization --
     Case("session_organization_statement_without_one", "SELECT organization_id, count(*) FROM documents "
          "GROUP BY 1 ORDER BY 1", False, ordered=True, setup=("SET lokadb.org = 2",)),
@@ -759,9 +765,12 @@ def eq_lokadb_transaction_pool(eq_db, bouncer_factory):
 
 def test_named_statements_through_transaction_pooling(eq_db, eq_lokadb_transaction_pool):
     """The corpus's prepared statements (without session state) from two clients taking turns on a
-    pool of two server connections: the core's statement cache holds each client's text and leaf texts."""
+    pool of two server connections: the core's statement cache holds each client's text and leaf texts.
+    The errors of leaf texts are the client's there too (the Parse of the core's own statement name)."""
     b = eq_lokadb_transaction_pool
-    cases = [c for c in CASES if c.has_org and not c.setup and "prepared" in c.modes and not c.finding]
+    cases = [c for c in CASES if (c.has_org or c.name.startswith("error_")) and not c.setup
+             and "prepared" in c.modes and not c.finding]
+    assert sum(c.name.startswith("error_") for c in cases) >= 5
     with _conn(eq_db.port, EQ_DB) as direct, _conn(b.port, "app") as r1, _conn(b.port, "app") as r2:
         for org in (2, 1, 5, 2):
             for i, case in enumerate(cases):

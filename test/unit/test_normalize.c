@@ -169,7 +169,7 @@ static bool compiled_templates_fill_as_the_text(void)
 					const struct or_norm *np = with_n ? &n : NULL;
 					or_leaf_fn leaf = lf ? leaf_named : NULL;
 					r1 = or_template_fill_buf(tpls[i], np, leaf, (void *)orgs[o], &nl1, &b1, &c1);
-					r2 = or_template_run(t, np, leaf, (void *)orgs[o], &nl2, &b2, &c2);
+					r2 = or_template_run(t, np, leaf, (void *)orgs[o], &nl2, &b2, &c2, NULL);
 					if (r1 != r2 || nl1 != nl2 || (r1 && strcmp(b1, b2) != 0)) {
 						fprintf(stderr, "template %zu (n %d, leaf %d, org %s): %d/%d %d/%d\n", i,
 							with_n, lf, orgs[o], r1, r2, nl1, nl2);
@@ -196,7 +196,7 @@ static bool compiled_templates_fill_as_the_text(void)
 		struct or_tpl *t = or_template_compile(tpls[4]);
 		bool nl;
 		CHECK(t != NULL);
-		CHECK(or_template_run(t, &n, leaf_named, "5", &nl, &b2, &c2));
+		CHECK(or_template_run(t, &n, leaf_named, "5", &nl, &b2, &c2, NULL));
 		CHECK_STR(b2, "INSERT INTO documents_o5_1 AS documents (organization_id, id, title) VALUES (5, 'x''y', 3)");
 		or_template_free(t);
 	}
