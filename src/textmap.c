@@ -105,16 +105,25 @@ long textmap_position(const struct textmap *m, long p)
 	return p + delta;
 }
 
-/* The span whose `name`, quoted, starts at p ("name"), or NULL. */
-static const struct tm_span *quoted_name_at(const struct textmap *m, const char *p)
+static bool ident_char(char ch)
 {
+	return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' ||
+	       ch == '$' || (unsigned char)ch >= 0x80;
+}
+
+/* The span whose `name` is the word at p (in quotes or not: PostgreSQL
+ * writes "permission denied for table name"), or NULL. */
+static const struct tm_span *name_at(const struct textmap *m, const char *str, const char *p)
+{
+	if (p > str && ident_char(p[-1]))
+		return NULL;
 	for (uint32_t i = 0; i < m->n; i++) {
 		const char *name = m->s[i].name;
 		size_t k;
 		if (!name)
 			continue;
 		k = strlen(name);
-		if (p[0] == '"' && strncmp(p + 1, name, k) == 0 && p[k + 1] == '"')
+		if (strncmp(p, name, k) == 0 && !ident_char(p[k]))
 			return &m->s[i];
 	}
 	return NULL;
@@ -133,18 +142,16 @@ static bool names_one(const struct textmap *m, const char *str, bool whole)
 	return false;
 }
 
-/* str into pb with each quoted relation name of the map renamed. */
+/* str into pb with each relation name of the map renamed. */
 static void put_field_renamed(struct pktbuf *pb, const struct textmap *m, const char *str)
 {
 	const char *p = str;
 
 	while (*p) {
-		const struct tm_span *t = *p == '"' ? quoted_name_at(m, p) : NULL;
+		const struct tm_span *t = name_at(m, str, p);
 		if (t) {
-			pkt_put_byte(pb, '"');
 			pkt_put_bytes(pb, t->client_name, strlen(t->client_name));
-			pkt_put_byte(pb, '"');
-			p += strlen(t->name) + 2;
+			p += strlen(t->name);
 		} else {
 			pkt_put_byte(pb, (uint8_t)*p++);
 		}
@@ -179,7 +186,7 @@ bool textmap_error(struct pktbuf *pb, char type, const uint8_t *body, uint32_t l
 		}
 		changed = v != was;
 	}
-	if (m && type == 'E' && code && strncmp(code, "42", 2) == 0 && strcmp(code, "42501") != 0) {
+	if (m && type == 'E' && code && strncmp(code, "42", 2) == 0) {
 		for (p = (const char *)body; *p; p += strlen(p + 1) + 2)
 			if ((*p == 'M' || *p == 'D' || *p == 'H') ? names_one(m, p + 1, false) :
 			    *p == 't' && names_one(m, p + 1, true))

@@ -42,8 +42,8 @@ long textmap_position(const struct textmap *m, long p);
  * The ErrorResponse or NoticeResponse (type; its body of len bytes) of a
  * message that had `shift` characters put in front of its text and whose
  * text maps by m (may be NULL): into pb as the client must see it, its
- * position moved back into the client's text and, in errors of class 42
- * (not 42501), the relations named by the text sent renamed. false: it
+ * position moved back into the client's text and, in errors of class 42,
+ * the relations named by the text sent renamed. false: it
  * needs no change (pb untouched).
  */
 bool textmap_error(struct pktbuf *pb, char type, const uint8_t *body, uint32_t len, uint32_t shift,

@@ -35,9 +35,13 @@ struct pg_result;
  * What a LokaDB table's parent has that a statement on its partitions would
  * bypass (mc_table.guard), for the lokadb.tables row `t`: catalog.sql's
  * lokadb.table_guard(), written out so that a catalog of an older INSTALL
- * still loads.
+ * still loads. MC_GUARD_BASE: row-level security, rules, statement-level
+ * triggers ('r', 'i', 'u', 'd'), NULL for none; MC_GUARD_EXPR adds 'a' when
+ * an organization's leaf has other privileges or another owner than the
+ * parent (a GRANT or REVOKE on the parent after ISOLATE ORG does not reach
+ * its partitions, and PostgreSQL checks a leaf's own).
  */
-#define MC_GUARD_EXPR                                                                            \
+#define MC_GUARD_BASE                                                                            \
 	"(SELECT nullif(CASE WHEN c.relrowsecurity"                                              \
 	" THEN 'r' ELSE '' END || CASE WHEN bool_or(e.ev IN (4, 51)) THEN 'i' ELSE '' END"      \
 	" || CASE WHEN bool_or(e.ev IN (16, 50)) THEN 'u' ELSE '' END"                          \
@@ -51,15 +55,44 @@ struct pg_result;
 	" WHERE n.nspname = t.schema_name AND c.relname = t.table_name"                          \
 	" GROUP BY c.relrowsecurity)"
 
+/* The privileges of the pg_class row `r` (a macro argument: an alias) as one
+ * text: owner, table privileges whoever granted them, column privileges. */
+#define MC_PRIVS(r)                                                                              \
+	"(" r ".relowner::text || ';' || (SELECT coalesce(string_agg(x, ',' ORDER BY x), '') FROM"  \
+	" (SELECT e.grantee::text || ':' || e.privilege_type || ':' || e.is_grantable::text AS x" \
+	" FROM pg_catalog.aclexplode(coalesce(" r ".relacl,"                                       \
+	" pg_catalog.acldefault('r'::\"char\", " r ".relowner))) e UNION ALL"                      \
+	" SELECT a.attname::text || '/' || e.grantee::text || ':' || e.privilege_type || ':'"   \
+	" || e.is_grantable::text FROM pg_catalog.pg_attribute a, pg_catalog.aclexplode(a.attacl) e" \
+	" WHERE a.attrelid = " r ".oid AND a.attnum > 0 AND NOT a.attisdropped"                   \
+	" AND a.attacl IS NOT NULL) s))"
+
+#define MC_GUARD_PRIVS                                                                           \
+	"(SELECT 'a' FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n"                  \
+	" ON n.oid = c.relnamespace WHERE n.nspname = t.schema_name AND c.relname = t.table_name" \
+	" AND EXISTS (SELECT 1 FROM lokadb.partitions p, pg_catalog.pg_class l"                  \
+	" WHERE p.schema_name = t.schema_name AND p.table_name = t.table_name"                  \
+	" AND l.oid = pg_catalog.to_regclass(pg_catalog.format('%I.%I', p.schema_name, p.leaf))" \
+	" AND (l.relowner <> c.relowner OR l.relacl IS DISTINCT FROM c.relacl"                  \
+	" OR EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a WHERE a.attrelid IN (c.oid, l.oid)" \
+	" AND a.attacl IS NOT NULL)) AND " MC_PRIVS("l") " <> " MC_PRIVS("c") "))"
+
+#define MC_GUARD_EXPR "nullif(coalesce(" MC_GUARD_BASE ", '') || coalesce(" MC_GUARD_PRIVS ", ''), '')"
+
 /*
- * Every table's guard in one text, "schema.table:letters,...": part of what
- * the freshness check compares, since DDL sends no NOTIFY where INSTALL
- * could not create the event trigger lokadb_guards (not a superuser).
+ * Every table's guard in one text, "schema.table:letters:privileges,...":
+ * part of what the freshness check compares, since DDL sends no NOTIFY
+ * where INSTALL could not create the event trigger lokadb_guards (not a
+ * superuser). The parents' privileges are in it (a GRANT on a parent then
+ * reloads the catalog, whose LOAD compares the leaves'), not the leaves':
+ * the check stays one row per table.
  */
 #define MC_GUARDS_SQL                                                                            \
-	"(SELECT coalesce(string_agg(format('%I.%I:%s', t.schema_name, t.table_name, x.g), ','"  \
-	" ORDER BY t.schema_name, t.table_name), '') FROM lokadb.tables t,"                      \
-	" LATERAL (SELECT " MC_GUARD_EXPR " AS g) x WHERE x.g IS NOT NULL)"
+	"(SELECT coalesce(string_agg(pg_catalog.format('%I.%I:%s:%s', t.schema_name, t.table_name," \
+	" x.g, x.p), ',' ORDER BY t.schema_name, t.table_name), '') FROM lokadb.tables t,"       \
+	" LATERAL (SELECT " MC_GUARD_BASE " AS g, (SELECT " MC_PRIVS("c")                          \
+	" FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"   \
+	" WHERE n.nspname = t.schema_name AND c.relname = t.table_name) AS p) x)"
 
 #define MC_LOAD_SQL                                                                              \
 	"SELECT 'v'::text, (SELECT value FROM lokadb.meta WHERE key = 'version'),"               \

@@ -83,16 +83,35 @@ BEGIN
 	END LOOP;
 END $$;
 
+-- A relation's privileges as one text: owner, table privileges whoever
+-- granted them, column privileges (meta_cache's MC_PRIVS).
+CREATE OR REPLACE FUNCTION lokadb.privileges_of(rel oid) RETURNS text
+LANGUAGE sql STABLE AS $$
+	SELECT c.relowner::text || ';' || (SELECT coalesce(string_agg(x, ',' ORDER BY x), '') FROM (
+		SELECT e.grantee::text || ':' || e.privilege_type || ':' || e.is_grantable::text AS x
+		FROM pg_catalog.aclexplode(coalesce(c.relacl, pg_catalog.acldefault('r'::"char", c.relowner))) e
+		UNION ALL
+		SELECT a.attname::text || '/' || e.grantee::text || ':' || e.privilege_type || ':' || e.is_grantable::text
+		FROM pg_catalog.pg_attribute a, pg_catalog.aclexplode(a.attacl) e
+		WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attacl IS NOT NULL) s)
+	FROM pg_catalog.pg_class c WHERE c.oid = rel
+$$;
+
 -- What a statement addressed to an organization's partition would bypass on
 -- a LokaDB table's parent (org_routing then keeps such statements on the
 -- parent): 'r' row-level security (every statement), 'i', 'u', 'd' a rule
--- or an enabled statement-level trigger for INSERT, UPDATE, DELETE; NULL
--- none. ENABLE TABLE refuses row-level security and rules; they, and
--- statement-level triggers, may come later: the event trigger below tells
--- the proxies (a new version) when what is guarded changes. meta_cache's
--- LOAD computes the same (MC_LOAD_SQL).
+-- or an enabled statement-level trigger for INSERT, UPDATE, DELETE, 'a' an
+-- organization's leaf with other privileges or another owner than the
+-- parent (PostgreSQL checks a leaf's own: a GRANT or REVOKE on the parent
+-- after ISOLATE ORG does not reach it; the event trigger below copies them,
+-- lokadb.copy_privileges() does on demand); NULL none. ENABLE TABLE refuses
+-- row-level security and rules; they, and statement-level triggers, may
+-- come later: the event trigger below tells the proxies (a new version)
+-- when what is guarded changes. meta_cache's LOAD computes the same
+-- (MC_LOAD_SQL).
 CREATE OR REPLACE FUNCTION lokadb.table_guard(p_schema name, p_table name) RETURNS text
 LANGUAGE sql STABLE AS $$
+	SELECT nullif(coalesce((
 	SELECT nullif(CASE WHEN c.relrowsecurity THEN 'r' ELSE '' END
 		|| CASE WHEN bool_or(e.ev IN (4, 51)) THEN 'i' ELSE '' END
 		|| CASE WHEN bool_or(e.ev IN (16, 50)) THEN 'u' ELSE '' END
@@ -106,17 +125,143 @@ LANGUAGE sql STABLE AS $$
 		WHERE r.ev_class = c.oid AND r.ev_type IN ('2', '3', '4') AND r.ev_enabled <> 'D'
 	) e ON true
 	WHERE n.nspname = p_schema AND c.relname = p_table
-	GROUP BY c.relrowsecurity
+	GROUP BY c.relrowsecurity), '') || coalesce((
+	SELECT 'a' FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+	WHERE n.nspname = p_schema AND c.relname = p_table
+	AND EXISTS (SELECT 1 FROM lokadb.partitions p, pg_catalog.pg_class l
+		    WHERE p.schema_name = p_schema AND p.table_name = p_table
+		    AND l.oid = pg_catalog.to_regclass(pg_catalog.format('%I.%I', p.schema_name, p.leaf))
+		    AND lokadb.privileges_of(l.oid) <> lokadb.privileges_of(c.oid))), ''), '')
 $$;
 
 INSERT INTO lokadb.meta VALUES ('guards', '') ON CONFLICT (key) DO NOTHING;
+
+-- Give `dst` exactly the privileges `src` has (table and column grants).
+-- (Here, not in move.sql: the event trigger below uses it.)
+CREATE OR REPLACE FUNCTION lokadb.copy_acl(src oid, dst oid) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+	kind "char";
+	objtype text;
+	g record;
+	who text;
+	was text := coalesce(current_setting('lokadb.copying_privileges', true), '');
+BEGIN
+	-- its GRANTs are no news for the event trigger lokadb_guards
+	PERFORM set_config('lokadb.copying_privileges', 'on', true);
+	SELECT relkind INTO kind FROM pg_class WHERE oid = dst;
+	objtype := CASE WHEN kind = 'S' THEN 'SEQUENCE' ELSE 'TABLE' END;
+	-- start from nothing: revoke what dst's ACL holds
+	FOR g IN SELECT DISTINCT e.grantee FROM pg_class c,
+			aclexplode(coalesce(c.relacl, acldefault((CASE WHEN kind = 'S' THEN 's' ELSE 'r' END)::"char", c.relowner))) e
+		 WHERE c.oid = dst LOOP
+		who := CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(g.grantee)) END;
+		EXECUTE format('REVOKE ALL ON %s %s FROM %s CASCADE', objtype, dst::regclass::text, who);
+	END LOOP;
+	FOR g IN SELECT e.* FROM pg_class c,
+			aclexplode(coalesce(c.relacl, acldefault((CASE WHEN kind = 'S' THEN 's' ELSE 'r' END)::"char", c.relowner))) e
+		 WHERE c.oid = src LOOP
+		who := CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(g.grantee)) END;
+		EXECUTE format('GRANT %s ON %s %s TO %s%s', g.privilege_type, objtype, dst::regclass::text, who,
+			       CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+	END LOOP;
+	FOR g IN SELECT a.attname, e.* FROM pg_attribute a, aclexplode(a.attacl) e
+		 WHERE kind <> 'S' AND a.attrelid = src AND a.attnum > 0 AND NOT a.attisdropped AND a.attacl IS NOT NULL LOOP
+		who := CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(g.grantee)) END;
+		EXECUTE format('GRANT %s (%I) ON TABLE %s TO %s%s', g.privilege_type, g.attname, dst::regclass::text, who,
+			       CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+	END LOOP;
+	PERFORM set_config('lokadb.copying_privileges', was, true);
+END $$;
+
+-- Give every partition (container and leaf) of the LokaDB table `rel` the
+-- owner and the privileges of the parent, as ISOLATE ORG made them. Run by
+-- the event trigger after GRANT, REVOKE and ALTER TABLE; by hand (the
+-- table's owner) where INSTALL had no superuser. Returns the partitions
+-- changed.
+CREATE OR REPLACE FUNCTION lokadb.copy_privileges(rel regclass) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+	t record;
+	part regclass;
+	owner name;
+	n integer := 0;
+	v text;
+	was text := coalesce(current_setting('lokadb.copying_privileges', true), '');
+BEGIN
+	SELECT lt.* INTO t FROM lokadb.tables lt
+	WHERE pg_catalog.to_regclass(pg_catalog.format('%I.%I', lt.schema_name, lt.table_name)) = rel;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'table % is not a LokaDB table', rel USING ERRCODE = 'undefined_table';
+	END IF;
+	SELECT pg_catalog.pg_get_userbyid(relowner) INTO owner FROM pg_catalog.pg_class WHERE oid = rel;
+	PERFORM pg_catalog.set_config('lokadb.copying_privileges', 'on', true);	-- (its ALTER ... OWNER too)
+	-- (owner and ACL as they are first: PostgreSQL compares them without a
+	-- function call per partition, and they are equal where nothing changed)
+	FOR part IN SELECT DISTINCT v.r FROM lokadb.partitions p,
+			LATERAL (VALUES (pg_catalog.to_regclass(pg_catalog.format('%I.%I', p.schema_name, p.container))),
+					(pg_catalog.to_regclass(pg_catalog.format('%I.%I', p.schema_name, p.leaf)))) v(r),
+			pg_catalog.pg_class pc, pg_catalog.pg_class c
+		    WHERE p.schema_name = t.schema_name AND p.table_name = t.table_name
+		    AND pc.oid = v.r AND c.oid = rel
+		    AND (pc.relowner <> c.relowner OR pc.relacl IS DISTINCT FROM c.relacl
+			 OR EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
+				    WHERE a.attrelid IN (c.oid, pc.oid) AND a.attacl IS NOT NULL)) LOOP
+		IF lokadb.privileges_of(part) = lokadb.privileges_of(rel) THEN
+			CONTINUE;
+		END IF;
+		IF (SELECT relowner FROM pg_catalog.pg_class WHERE oid = part) <>
+		   (SELECT relowner FROM pg_catalog.pg_class WHERE oid = rel) THEN
+			EXECUTE pg_catalog.format('ALTER %s %s OWNER TO %I',
+				CASE WHEN (SELECT relkind FROM pg_catalog.pg_class WHERE oid = part) = 'f'
+				     THEN 'FOREIGN TABLE' ELSE 'TABLE' END, part, owner);
+		END IF;
+		PERFORM lokadb.copy_acl(rel, part);
+		n := n + 1;
+	END LOOP;
+	PERFORM pg_catalog.set_config('lokadb.copying_privileges', was, true);
+	IF n > 0 THEN	-- a proxy that kept the table's statements on the parent may address leaves again
+		BEGIN
+			UPDATE lokadb.meta SET value = (value::bigint + 1)::text WHERE key = 'version'
+			RETURNING value INTO v;
+			PERFORM pg_catalog.pg_notify('lokadb_meta', v);
+		EXCEPTION WHEN insufficient_privilege THEN
+			RAISE NOTICE 'lokadb: the proxies see the new privileges of the partitions of % at their next catalog reload (console: META_CACHE RELOAD)', rel;
+		END;
+	END IF;
+	RETURN n;
+END $$;
 
 CREATE OR REPLACE FUNCTION lokadb.guards_changed() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
 DECLARE
 	g text;
 	v bigint;
+	tb record;
 BEGIN
+	IF coalesce(current_setting('lokadb.copying_privileges', true), '') = 'on' THEN
+		RETURN;		-- the GRANTs of copy_privileges() itself
+	END IF;
+	IF tg_tag IN ('GRANT', 'REVOKE', 'ALTER TABLE', 'ALTER FOREIGN TABLE') THEN
+		-- the parents' privileges to their partitions (PostgreSQL checks a
+		-- statement addressed to a leaf against the leaf's own): after a
+		-- GRANT or REVOKE (PostgreSQL does not say on what) every LokaDB
+		-- table's, after an ALTER (an owner) those of the tables it was on
+		FOR tb IN SELECT x.rel FROM (SELECT pg_catalog.to_regclass(pg_catalog.format('%I.%I', schema_name,
+										 table_name)) AS rel
+					    FROM lokadb.tables) x
+			 WHERE x.rel IS NOT NULL AND (tg_tag IN ('GRANT', 'REVOKE') OR x.rel IN (
+				SELECT pg_catalog.pg_partition_root(d.objid) FROM pg_catalog.pg_event_trigger_ddl_commands() d
+				WHERE d.objid IS NOT NULL)) LOOP
+			BEGIN
+				PERFORM lokadb.copy_privileges(tb.rel);
+			EXCEPTION WHEN OTHERS THEN
+				-- the client's command stands; the leaves' differing privileges
+				-- keep its statements on the parent (table_guard 'a')
+				RAISE WARNING 'lokadb: could not give the partitions of % the privileges of the table: %',
+					tb.rel, SQLERRM;
+			END;
+		END LOOP;
+	END IF;
 	SELECT coalesce(string_agg(format('%I.%I:%s', t.schema_name, t.table_name, x.guard), ','
 				   ORDER BY t.schema_name, t.table_name), '')
 	INTO g
@@ -135,14 +280,19 @@ END $$;
 -- reload (doc/lokadb.md).
 DO $$
 BEGIN
-	IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'lokadb_guards') THEN
-		IF (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
+	IF (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
+		-- one of an older INSTALL lacks the tags of privileges
+		IF EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'lokadb_guards' AND NOT 'GRANT' = ANY (evttags)) THEN
+			DROP EVENT TRIGGER lokadb_guards;
+		END IF;
+		IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'lokadb_guards') THEN
 			CREATE EVENT TRIGGER lokadb_guards ON ddl_command_end
 				WHEN TAG IN ('ALTER TABLE', 'CREATE TRIGGER', 'ALTER TRIGGER', 'DROP TRIGGER',
-					     'CREATE RULE', 'DROP RULE', 'CREATE POLICY', 'DROP POLICY')
+					     'CREATE RULE', 'DROP RULE', 'CREATE POLICY', 'DROP POLICY',
+					     'GRANT', 'REVOKE', 'ALTER FOREIGN TABLE')
 				EXECUTE FUNCTION lokadb.guards_changed();
-		ELSE
-			RAISE NOTICE 'lokadb: not a superuser, so no event trigger: row-level security, rules or statement-level triggers added to a LokaDB table later reach the proxies at a new connection''s freshness check or their next catalog reload';
 		END IF;
+	ELSIF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'lokadb_guards') THEN
+		RAISE NOTICE 'lokadb: not a superuser, so no event trigger: row-level security, rules or statement-level triggers added to a LokaDB table later, and privileges granted or revoked on it, reach the proxies at a new connection''s freshness check or their next catalog reload (privileges: run SELECT lokadb.copy_privileges(''table''))';
 	END IF;
 END $$;

@@ -156,41 +156,6 @@ BEGIN
 	END;
 END $$;
 
--- Give `dst` exactly the privileges `src` has (table and column grants).
-CREATE OR REPLACE FUNCTION lokadb._copy_acl(src oid, dst oid) RETURNS void LANGUAGE plpgsql AS $$
-DECLARE
-	kind "char";
-	objtype text;
-	g record;
-	who text;
-BEGIN
-	SELECT relkind INTO kind FROM pg_class WHERE oid = dst;
-	objtype := CASE WHEN kind = 'S' THEN 'SEQUENCE' ELSE 'TABLE' END;
-	-- start from nothing: revoke what dst's ACL holds
-	FOR g IN SELECT DISTINCT e.grantee FROM pg_class c,
-			aclexplode(coalesce(c.relacl, acldefault((CASE WHEN kind = 'S' THEN 's' ELSE 'r' END)::"char", c.relowner))) e
-		 WHERE c.oid = dst LOOP
-		who := CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(g.grantee)) END;
-		EXECUTE format('REVOKE ALL ON %s %s FROM %s CASCADE', objtype, lokadb._q(dst), who);
-	END LOOP;
-	FOR g IN SELECT e.* FROM pg_class c,
-			aclexplode(coalesce(c.relacl, acldefault((CASE WHEN kind = 'S' THEN 's' ELSE 'r' END)::"char", c.relowner))) e
-		 WHERE c.oid = src LOOP
-		who := CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(g.grantee)) END;
-		EXECUTE format('GRANT %s ON %s %s TO %s%s', g.privilege_type, objtype, lokadb._q(dst), who,
-			       CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
-	END LOOP;
-	IF kind = 'S' THEN
-		RETURN;
-	END IF;
-	FOR g IN SELECT a.attname, e.* FROM pg_attribute a, aclexplode(a.attacl) e
-		 WHERE a.attrelid = src AND a.attnum > 0 AND NOT a.attisdropped AND a.attacl IS NOT NULL LOOP
-		who := CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(g.grantee)) END;
-		EXECUTE format('GRANT %s (%I) ON TABLE %s TO %s%s', g.privilege_type, g.attname, lokadb._q(dst), who,
-			       CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
-	END LOOP;
-END $$;
-
 -- The views that read `rel`: (view, its reloptions, its definition), to
 -- re-create them after `rel` was renamed away (they follow the OID).
 CREATE OR REPLACE FUNCTION lokadb._views_of(rel oid) RETURNS TABLE (view oid, opts text, def text)
@@ -606,7 +571,7 @@ BEGIN
 		SELECT relname INTO seqname FROM pg_class WHERE oid = oldseq;
 		EXECUTE format('SELECT last_value, is_called FROM %s', lokadb._q(oldseq)) INTO seqst;
 		PERFORM setval(newseq, seqst.last_value, seqst.is_called);
-		PERFORM lokadb._copy_acl(oldseq, newseq);
+		PERFORM lokadb.copy_acl(oldseq, newseq);
 		EXECUTE format('ALTER TABLE %s ALTER COLUMN %I DROP IDENTITY', qold, a.attname);
 		EXECUTE format('ALTER TABLE %s ALTER COLUMN %I SET DEFAULT nextval(%L::regclass)', qold, a.attname,
 			       lokadb._q(newseq));
@@ -615,7 +580,7 @@ BEGIN
 	EXECUTE format('ALTER TABLE %s RENAME TO %I', qold, defname);
 	EXECUTE format('ALTER TABLE %s RENAME TO %I', lokadb._q(twin), tname);
 	EXECUTE format('ALTER TABLE %s ATTACH PARTITION %s DEFAULT', lokadb._q(twin), lokadb._q(rel));
-	PERFORM lokadb._copy_acl(rel, twin);
+	PERFORM lokadb.copy_acl(rel, twin);
 	EXECUTE format('COMMENT ON TABLE %s IS %L', lokadb._q(twin), obj_description(rel, 'pg_class'));
 	PERFORM lokadb._replace_views(view_oids, view_opts, view_defs);
 	PERFORM lokadb._fk_convert(rel, twin);
@@ -720,7 +685,7 @@ BEGIN
 			       CASE WHEN k.seqcycle THEN 'CYCLE' ELSE 'NO CYCLE' END);
 		newseq := pg_get_serial_sequence(lokadb._q(def), a.attname)::regclass;
 		PERFORM setval(newseq, seqst.last_value, seqst.is_called);
-		PERFORM lokadb._copy_acl(seq, newseq);
+		PERFORM lokadb.copy_acl(seq, newseq);
 		seqs := seqs || ARRAY[lokadb._q(newseq), seqname::text];
 	END LOOP;
 	-- checks LokaDB added on the DEFAULT partition
@@ -730,7 +695,7 @@ BEGIN
 	tmpname := lokadb._name(t.table_name, '_lokadb_old');
 	EXECUTE format('ALTER TABLE %s RENAME TO %I', qt, tmpname);
 	EXECUTE format('ALTER TABLE %s RENAME TO %I', lokadb._q(def), t.table_name);
-	PERFORM lokadb._copy_acl(rel, def);
+	PERFORM lokadb.copy_acl(rel, def);
 	EXECUTE format('COMMENT ON TABLE %s IS %L', lokadb._q(def), obj_description(rel, 'pg_class'));
 	PERFORM lokadb._replace_views(view_oids, view_opts, view_defs);
 	-- foreign keys that pointed at the table become constraints again (NOT
@@ -930,8 +895,8 @@ BEGIN
 	EXECUTE format('ALTER TABLE %s ATTACH PARTITION %s FOR VALUES IN (%s)', qc, ql, x.lit);
 	EXECUTE format('ALTER TABLE %s OWNER TO %I', qc, owner);
 	EXECUTE format('ALTER TABLE %s OWNER TO %I', ql, owner);
-	PERFORM lokadb._copy_acl(rel, to_regclass(qc));
-	PERFORM lokadb._copy_acl(rel, to_regclass(ql));
+	PERFORM lokadb.copy_acl(rel, to_regclass(qc));
+	PERFORM lokadb.copy_acl(rel, to_regclass(ql));
 	-- foreign keys of D (to cloud tables: none points at a LokaDB table)
 	FOR k IN SELECT conname, lokadb._def('constraint', oid) AS def FROM pg_constraint
 		 WHERE conrelid = x.d AND contype = 'f' ORDER BY conname LOOP
@@ -1235,6 +1200,7 @@ LANGUAGE sql STABLE AS $$
 		JOIN pg_class c ON c.oid = p.relid WHERE p.isleaf),
 	       -- what org_routing keeps on the parent (lokadb.table_guard)
 	       CASE WHEN g.g LIKE '%r%' THEN 'all'
+		    WHEN g.g LIKE '%a%' THEN 'all (partition privileges differ)'
 		    ELSE nullif(concat_ws(',', CASE WHEN g.g LIKE '%i%' THEN 'INSERT' END,
 					  CASE WHEN g.g LIKE '%u%' THEN 'UPDATE' END,
 					  CASE WHEN g.g LIKE '%d%' THEN 'DELETE' END), '') END
@@ -1583,7 +1549,7 @@ BEGIN
 		EXECUTE format('CREATE FOREIGN TABLE %s PARTITION OF %s FOR VALUES IN (%s) SERVER %I '
 			       'OPTIONS (schema_name %L, table_name %L)', ql, qc, x.lit, srv, t.schema_name, t.table_name);
 		EXECUTE format('ALTER FOREIGN TABLE %s OWNER TO %I', ql, owner);
-		PERFORM lokadb._copy_acl(to_regclass(qold), to_regclass(ql));
+		PERFORM lokadb.copy_acl(to_regclass(qold), to_regclass(ql));
 		-- the application's own row triggers on the leaf (the cloned ones come from the parent)
 		PERFORM lokadb._copy_own_triggers(to_regclass(qold), qold, ql);
 		-- the leaf's foreign keys to cloud tables (ISOLATE ORG gave it DEFAULT's): a foreign table

@@ -166,8 +166,9 @@ static bool is_cte_name(const struct an *x, const PgQuery__RangeVar *rv)
 /*
  * Does t's parent have what a statement on its leaf would bypass, for
  * command `cmd` ('i', 'u', 'd'; 0: any statement that names it)?
- * meta_cache's table_guard: 'r' row-level security, for every statement;
- * 'i', 'u', 'd' rules or statement-level triggers of that command.
+ * meta_cache's table_guard: 'r' row-level security, 'a' a leaf with other
+ * privileges than the parent, for every statement; 'i', 'u', 'd' rules or
+ * statement-level triggers of that command.
  */
 static void table_guard(struct an *x, const struct mc_table *t, char cmd)
 {
@@ -177,7 +178,7 @@ static void table_guard(struct an *x, const struct mc_table *t, char cmd)
 	if (!t || mc->size < offsetof(struct meta_cache_api, table_guard) + sizeof(mc->table_guard) ||
 	    !mc->table_guard || !(g = mc->table_guard(t)))
 		return;
-	if (strchr(g, 'r') || (cmd && strchr(g, cmd)))
+	if (strchr(g, 'r') || strchr(g, 'a') || (cmd && strchr(g, cmd)))
 		x->guarded = true;
 }
 

@@ -24,6 +24,7 @@ import threading
 import time
 
 import pytest
+import psycopg
 from psycopg import errors
 
 from lokadb_harness import (HERE, SLOW, BgCall, Wire, _parse_data_row, assert_error, message, parse_error_fields,
@@ -364,6 +365,66 @@ def test_row_level_security_rules_or_statement_triggers_keep_statements_on_the_p
         admin("DROP TRIGGER audit_inserts ON documents")
         wait_until(lambda: on_leaf(insert)[0], 5 * SLOW, what="writes on the leaf again")
         assert as_user("SELECT count(*) FROM audit") == before + 3
+        w.close()
+    finally:
+        app.sql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+
+
+def test_privileges_of_the_parent_reach_its_leaves_or_keep_statements_on_it(router, app):
+    """PostgreSQL checks a statement addressed to a leaf against the leaf's own
+    privileges, and a GRANT or REVOKE on a partitioned table does not reach its
+    partitions. The catalog's event trigger copies them to the leaves in the
+    same transaction (a REVOKE is no bypass, a GRANT no error); a leaf whose
+    privileges differ all the same keeps the table's statements on the parent
+    until lokadb.copy_privileges() gives it the parent's."""
+    db = f"or_priv_{os.getpid()}"
+    create_app_db(app, db)
+    try:
+        b = router(settings={"pool_mode": "transaction", "default_pool_size": 1}, db=db)
+        w = b.login("app", USER)
+        read = f"SELECT count(*) FROM documents WHERE organization_id = {ISOLATED}"
+
+        def admin(*sql):
+            with app.connect(dbname=db) as c:
+                for q in sql:
+                    c.execute(q)
+
+        def direct_user(sql):
+            with app.connect(dbname=db, user=USER) as c:
+                try:
+                    return ("rows", c.execute(sql).fetchall())
+                except psycopg.Error as e:
+                    return ("error", e.sqlstate, e.diag.message_primary)
+
+        def routed(sql):
+            mark = len(b.log())
+            res = w.query(sql, raise_error=False)
+            got = (("error", res.error.fields.get("C"), res.error.fields.get("M")) if res.error is not None
+                   else ("rows", [(int(r[0]),) for r in res.rows]))
+            return any("rewrite=leaf" in l for l in route_lines(b, mark)), got
+
+        leaf, got = routed(read)
+        assert leaf and got == direct_user(read) and got[1][0][0] > 0
+        # a REVOKE on the parent: the leaf loses the privilege in the same transaction
+        admin("REVOKE ALL ON documents FROM PUBLIC")
+        want = direct_user(read)
+        assert want[:2] == ("error", "42501") and "documents" in want[2], want
+        leaf, got = routed(read)
+        assert leaf and got == want          # the parent's error, naming the parent, from the leaf
+        # a GRANT on the parent: the leaf has it too
+        admin(f"GRANT SELECT ON documents TO {USER}")
+        leaf, got = routed(read)
+        assert leaf and got == direct_user(read) and got[0] == "rows"
+        # a leaf whose privileges differ anyway: the table's statements stay on the parent
+        admin("SET lokadb.copying_privileges = on", f"REVOKE SELECT ON documents_o2_1 FROM {USER}")
+        b.admin("META_CACHE RELOAD")
+        leaf, got = routed(read)
+        assert not leaf and got == direct_user(read) and got[0] == "rows"
+        with app.connect(dbname=db) as c:
+            assert c.execute("SELECT lokadb.copy_privileges('documents')").fetchone()[0] == 1
+            assert c.execute("SELECT lokadb.table_guard('public', 'documents')").fetchone()[0] is None
+        wait_until(lambda: routed(read)[0], 5 * SLOW, what="statements on the leaf again")
+        assert routed(read)[1] == direct_user(read)
         w.close()
     finally:
         app.sql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
