@@ -54,7 +54,7 @@ struct textmap *textmap_build(const char *client, const char *sent, const lk_tex
 	for (int i = 0; i < n; i++) {
 		size_t at = sp[i].at, len = sp[i].len, cl = sp[i].client_len, seg = at - s;
 		struct tm_span *t = &m->s[i];
-		if (at < s || len > slen - at || cl > clen - c || seg > clen - c - cl ||
+		if (at < s || at > slen || len > slen - at || cl > clen - c || seg > clen - c - cl ||
 		    memcmp(sent + s, client + c, seg) != 0)
 			goto bad;
 		sch += chars(sent + s, seg, utf8);
