@@ -457,8 +457,33 @@ def test_without_the_event_trigger_a_new_connection_sees_a_guard_added_later(rou
         w2 = b.login("app", USER)           # its login checks freshness: the guards differ
         assert not on_leaf(w2) and not on_leaf(w)
         assert int(b.admin_dicts("SHOW META_CACHE")[0]["version"]) == v0   # no new version, a new load
+        # privileges revoked on the parent do not reach the leaf without the event trigger: the
+        # freshness check sees the parent's changed, the load the leaf's differing, and reads stay on
+        # the parent, which refuses them as PostgreSQL does (no read of the leaf past the REVOKE)
+        read = f"SELECT count(*) FROM versions WHERE organization_id = {ISOLATED}"
+        mark = len(b.log())
+        assert w.query(read).error is None and any("rewrite=leaf" in l for l in route_lines(b, mark))
+        with app.connect(dbname=db) as c:
+            c.execute("REVOKE ALL ON versions FROM PUBLIC")
+        w3 = b.login("app", USER)
+        mark = len(b.log())
+        res = w.query(read, raise_error=False)
+        assert res.error is not None and res.error.fields.get("C") == "42501", res
+        assert res.error.fields.get("M") == "permission denied for table versions"
+        assert not any("rewrite=leaf" in l for l in route_lines(b, mark))
+        with app.connect(dbname=db) as c:       # by hand: the leaf gets the parent's privileges
+            c.execute(f"GRANT SELECT ON versions TO {USER}")
+            # the containers and leaves of organizations 2 and 5
+            assert c.execute("SELECT lokadb.copy_privileges('versions')").fetchone()[0] == 4
+
+        def read_on_leaf():
+            mark = len(b.log())
+            return w3.query(read, raise_error=False).error is None and any(
+                "rewrite=leaf" in l for l in route_lines(b, mark))
+        wait_until(read_on_leaf, 5 * SLOW, what="reads on the leaf again after copy_privileges()")
         w.close()
         w2.close()
+        w3.close()
     finally:
         app.sql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
 
