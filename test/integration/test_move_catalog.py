@@ -10,6 +10,7 @@ isolated; every successful insert is counted and checked against the rows
 afterwards, and no writer may see an error."""
 
 import itertools
+import os
 import struct
 import threading
 import time
@@ -465,6 +466,28 @@ def test_isolate_org_under_concurrent_writers_moves_every_row(bouncer_factory, p
     assert app.execute("DELETE FROM documents WHERE organization_id = 2 AND id = %s", (doc,)).rowcount == 1
     assert one(pg, cloud, "SELECT count(*) FROM versions WHERE document_id = %s", (doc,)) == 0
     assert_error(console(b, "ISOLATE ORG 2").error, "42710", "already isolated")
+    # the partitions have the parent's owner and privileges, and keep them after a GRANT on the parent
+    # (the event trigger lokadb_guards), so SHOW TABLES keeps nothing on the parent
+    same = ("SELECT count(*) FILTER (WHERE lokadb.privileges_of(relname::regclass) = "
+            "lokadb.privileges_of('documents'::regclass)) FROM pg_class "
+            "WHERE relname IN ('documents_o2', 'documents_o2_1')")
+    assert one(pg, cloud, same) == 2
+    role = f"mv_reader_{os.getpid()}"
+    pg.sql(f"CREATE ROLE {role}")
+    try:
+        q(pg, cloud, f"GRANT SELECT, UPDATE (title) ON documents TO {role}")
+        assert one(pg, cloud, same) == 2
+        assert one(pg, cloud, f"SELECT has_table_privilege('{role}', 'documents_o2_1', 'SELECT')")
+        assert {r["table"]: r["kept_on_parent"] for r in dicts(ok(b, "SHOW TABLES"))} == \
+            {"documents": None, "versions": None}
+        q(pg, cloud, f"SET lokadb.copying_privileges = on; REVOKE SELECT ON documents_o2_1 FROM {role}")
+        assert {r["table"]: r["kept_on_parent"] for r in dicts(ok(b, "SHOW TABLES"))}["documents"] == \
+            "all (partition privileges differ)"
+        assert one(pg, cloud, "SELECT lokadb.copy_privileges('documents')") == 1
+        assert one(pg, cloud, same) == 2
+    finally:
+        q(pg, cloud, f"DROP OWNED BY {role}")
+        pg.sql(f"DROP ROLE {role}")
 
 
 def test_a_table_enabled_later_gets_the_isolated_organizations_partitions(bouncer_factory, pg, cloud):
