@@ -1521,7 +1521,8 @@ static bool client_utf8(const struct client *c)
 {
 	const char *enc = c ? c->vars.v[VAR_CLIENT_ENCODING] : NULL;
 
-	return !enc || strcasecmp(enc, "UTF8") == 0 || strcasecmp(enc, "UTF-8") == 0 || strcasecmp(enc, "UNICODE") == 0;
+	return !enc || ((enc[0] == 'U' || enc[0] == 'u') &&
+			(strcasecmp(enc, "UTF8") == 0 || strcasecmp(enc, "UTF-8") == 0 || strcasecmp(enc, "UNICODE") == 0));
 }
 
 static int api_query_text_spans(lk_event *ev, const lk_text_span *spans, int n)

@@ -19,6 +19,9 @@
 #include <string.h>
 
 #define TM_MAX_SPANS 64
+#define TM_SPARE_MAX 1024		/* a map up to this size is kept for the next */
+
+static struct textmap *spare;		/* (one event loop per process: no lock) */
 
 /* Characters in p[0, n): UTF-8 lead bytes, or bytes. */
 static uint32_t chars(const char *p, size_t n, bool utf8)
@@ -32,10 +35,25 @@ static uint32_t chars(const char *p, size_t n, bool utf8)
 	return k;
 }
 
+/* No byte of p[0, n) above 0x7f (eight at a time): characters are bytes. */
+static bool all_ascii(const char *p, size_t n)
+{
+	uint64_t acc = 0, w;
+	size_t i = 0;
+
+	for (; i + 8 <= n; i += 8) {
+		memcpy(&w, p + i, 8);
+		acc |= w;
+	}
+	for (; i < n; i++)
+		acc |= (unsigned char)p[i];
+	return (acc & 0x8080808080808080ull) == 0;
+}
+
 struct textmap *textmap_build(const char *client, const char *sent, const lk_text_span *sp, int n, bool utf8)
 {
-	size_t slen = strlen(sent), clen = strlen(client), names = 0, s = 0, c = 0;
-	uint32_t sch = 0, cch = 0;
+	size_t slen = strlen(sent), clen = strlen(client), names = 0, s = 0, c = 0, need;
+	bool ascii = true;
 	struct textmap *m;
 	char *np;
 
@@ -47,24 +65,30 @@ struct textmap *textmap_build(const char *client, const char *sent, const lk_tex
 		if (sp[i].name)
 			names += strlen(sp[i].name) + strlen(sp[i].client_name) + 2;
 	}
-	if (!(m = malloc(sizeof(*m) + (size_t)n * sizeof(m->s[0]) + names)))
+	need = sizeof(*m) + (size_t)n * sizeof(m->s[0]) + names;
+	if (spare && spare->cap >= need) {	/* the last one freed: one per rewritten statement */
+		m = spare;
+		spare = NULL;
+	} else if (need > UINT32_MAX || !(m = malloc(need))) {
 		return NULL;
+	} else {
+		m->cap = (uint32_t)need;
+	}
 	m->n = (uint32_t)n;
 	np = (char *)&m->s[n];
+	/* the spans in bytes, every byte between them checked */
 	for (int i = 0; i < n; i++) {
 		size_t at = sp[i].at, len = sp[i].len, cl = sp[i].client_len, seg = at - s;
 		struct tm_span *t = &m->s[i];
 		if (at < s || at > slen || len > slen - at || cl > clen - c || seg > clen - c - cl ||
 		    memcmp(sent + s, client + c, seg) != 0)
 			goto bad;
-		sch += chars(sent + s, seg, utf8);
-		cch += chars(sent + s, seg, utf8);
-		t->at = sch;
-		t->cat = cch;
-		sch += chars(sent + at, len, utf8);
-		cch += chars(client + c + seg, cl, utf8);
-		t->end = sch;
-		t->cend = cch;
+		t->at = (uint32_t)at;
+		t->end = (uint32_t)(at + len);
+		t->cat = (uint32_t)(c + seg);
+		t->cend = (uint32_t)(c + seg + cl);
+		if (utf8)
+			ascii = ascii && all_ascii(client + c + seg, cl);
 		s = at + len;
 		c += seg + cl;
 		t->name = t->client_name = NULL;
@@ -79,14 +103,30 @@ struct textmap *textmap_build(const char *client, const char *sent, const lk_tex
 	}
 	if (slen - s != clen - c || memcmp(sent + s, client + c, slen - s) != 0)
 		goto bad;
+	/* in characters: only when a byte up to the last span is not ASCII (the
+	 * client's bytes between the spans are the text sent's) */
+	if (utf8 && !(ascii && all_ascii(sent, s))) {
+		for (uint32_t i = 0; i < m->n; i++) {
+			struct tm_span *t = &m->s[i];
+			uint32_t cend = chars(client, t->cend, true);
+			t->cat = chars(client, t->cat, true);
+			t->cend = cend;
+			t->end = chars(sent, t->end, true);
+			t->at = chars(sent, t->at, true);
+		}
+	}
 	return m;
 bad:
-	free(m);
+	textmap_free(m);
 	return NULL;
 }
 
 void textmap_free(struct textmap *m)
 {
+	if (m && !spare && m->cap <= TM_SPARE_MAX) {
+		spare = m;
+		return;
+	}
 	free(m);
 }
 

@@ -23,6 +23,7 @@ struct tm_span {
 
 struct textmap {
 	uint32_t n;
+	uint32_t cap;			/* bytes allocated */
 	struct tm_span s[];		/* then the names */
 };
 
