@@ -163,6 +163,12 @@ BEGIN
 		who := CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(g.grantee)) END;
 		EXECUTE format('REVOKE ALL ON %s %s FROM %s CASCADE', objtype, dst::regclass::text, who);
 	END LOOP;
+	-- and its column privileges (a grantee may have them without any on the table)
+	FOR g IN SELECT DISTINCT a.attname, e.grantee FROM pg_attribute a, aclexplode(a.attacl) e
+		 WHERE kind <> 'S' AND a.attrelid = dst AND a.attnum > 0 AND NOT a.attisdropped AND a.attacl IS NOT NULL LOOP
+		who := CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(g.grantee)) END;
+		EXECUTE format('REVOKE ALL (%I) ON TABLE %s FROM %s CASCADE', g.attname, dst::regclass::text, who);
+	END LOOP;
 	FOR g IN SELECT e.* FROM pg_class c,
 			aclexplode(coalesce(c.relacl, acldefault((CASE WHEN kind = 'S' THEN 's' ELSE 'r' END)::"char", c.relowner))) e
 		 WHERE c.oid = src LOOP
@@ -192,6 +198,8 @@ DECLARE
 	owner name;
 	n integer := 0;
 	v text;
+	g record;
+	who text;
 	was text := coalesce(current_setting('lokadb.copying_privileges', true), '');
 BEGIN
 	SELECT lt.* INTO t FROM lokadb.tables lt
@@ -220,7 +228,29 @@ BEGIN
 				CASE WHEN (SELECT relkind FROM pg_catalog.pg_class WHERE oid = part) = 'f'
 				     THEN 'FOREIGN TABLE' ELSE 'TABLE' END, part, owner);
 		END IF;
-		PERFORM lokadb.copy_acl(rel, part);
+		-- the table privileges that differ, one statement each (after a GRANT
+		-- or REVOKE on the parent, one), REVOKEs first; then, if anything
+		-- still differs (column privileges, several grantors), all of them
+		FOR g IN WITH s AS (SELECT DISTINCT e.grantee, e.privilege_type, e.is_grantable
+				    FROM pg_catalog.pg_class c, pg_catalog.aclexplode(coalesce(c.relacl,
+					 pg_catalog.acldefault('r'::"char", c.relowner))) e WHERE c.oid = rel),
+			      d AS (SELECT DISTINCT e.grantee, e.privilege_type, e.is_grantable
+				    FROM pg_catalog.pg_class c, pg_catalog.aclexplode(coalesce(c.relacl,
+					 pg_catalog.acldefault('r'::"char", c.relowner))) e WHERE c.oid = part)
+			 SELECT 0 AS step, * FROM (SELECT * FROM d EXCEPT SELECT * FROM s) x
+			 UNION ALL SELECT 1, * FROM (SELECT * FROM s EXCEPT SELECT * FROM d) y
+			 ORDER BY 1 LOOP
+			who := CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_catalog.pg_get_userbyid(g.grantee)) END;
+			IF g.step = 0 THEN
+				EXECUTE pg_catalog.format('REVOKE %s ON TABLE %s FROM %s CASCADE', g.privilege_type, part, who);
+			ELSE
+				EXECUTE pg_catalog.format('GRANT %s ON TABLE %s TO %s%s', g.privilege_type, part, who,
+							  CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+			END IF;
+		END LOOP;
+		IF lokadb.privileges_of(part) <> lokadb.privileges_of(rel) THEN
+			PERFORM lokadb.copy_acl(rel, part);
+		END IF;
 		n := n + 1;
 	END LOOP;
 	PERFORM pg_catalog.set_config('lokadb.copying_privileges', was, true);

@@ -477,6 +477,11 @@ def test_isolate_org_under_concurrent_writers_moves_every_row(bouncer_factory, p
     try:
         q(pg, cloud, f"GRANT SELECT, UPDATE (title) ON documents TO {role}")
         assert one(pg, cloud, same) == 2
+        q(pg, cloud, f"GRANT INSERT (title) ON documents TO {role} WITH GRANT OPTION")
+        assert one(pg, cloud, same) == 2
+        q(pg, cloud, f"REVOKE UPDATE (title), INSERT (title) ON documents FROM {role}")   # columns only
+        assert one(pg, cloud, same) == 2
+        assert not one(pg, cloud, f"SELECT has_column_privilege('{role}', 'documents_o2_1', 'title', 'UPDATE')")
         assert one(pg, cloud, f"SELECT has_table_privilege('{role}', 'documents_o2_1', 'SELECT')")
         assert {r["table"]: r["kept_on_parent"] for r in dicts(ok(b, "SHOW TABLES"))} == \
             {"documents": None, "versions": None}
