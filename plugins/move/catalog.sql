@@ -276,6 +276,10 @@ BEGIN
 	IF coalesce(current_setting('lokadb.copying_privileges', true), '') = 'on' THEN
 		RETURN;		-- the GRANTs of copy_privileges() itself
 	END IF;
+	IF tg_tag IN ('GRANT', 'REVOKE') AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger_ddl_commands() d
+							 WHERE d.object_type = 'TABLE') THEN
+		RETURN;		-- on a function, a schema, a sequence ...: nothing of a LokaDB table
+	END IF;
 	IF tg_tag IN ('GRANT', 'REVOKE', 'ALTER TABLE', 'ALTER FOREIGN TABLE') THEN
 		-- the parents' privileges to their partitions (PostgreSQL checks a
 		-- statement addressed to a leaf against the leaf's own): after a
