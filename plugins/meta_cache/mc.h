@@ -58,7 +58,7 @@ struct pg_result;
 /* The privileges of the pg_class row `r` (a macro argument: an alias) as one
  * text: owner, table privileges whoever granted them, column privileges. */
 #define MC_PRIVS(r)                                                                              \
-	"(" r ".relowner::text || ';' || (SELECT coalesce(string_agg(x, ',' ORDER BY x), '') FROM"  \
+	"(" r ".relowner::text || ';' || (SELECT coalesce(string_agg(DISTINCT x, ',' ORDER BY x), '') FROM"  \
 	" (SELECT e.grantee::text || ':' || e.privilege_type || ':' || e.is_grantable::text AS x" \
 	" FROM pg_catalog.aclexplode(coalesce(" r ".relacl,"                                       \
 	" pg_catalog.acldefault('r'::\"char\", " r ".relowner))) e UNION ALL"                      \

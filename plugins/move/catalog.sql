@@ -83,13 +83,24 @@ BEGIN
 	END LOOP;
 END $$;
 
+-- A relation's table privileges, whoever granted them (its owner's when
+-- it has no ACL).
+CREATE OR REPLACE FUNCTION lokadb.table_privileges(rel oid)
+RETURNS TABLE (grantee oid, privilege_type text, is_grantable boolean)
+LANGUAGE sql STABLE AS $$
+	SELECT DISTINCT e.grantee, e.privilege_type, e.is_grantable
+	FROM pg_catalog.pg_class c, pg_catalog.aclexplode(coalesce(c.relacl,
+		pg_catalog.acldefault((CASE WHEN c.relkind = 'S' THEN 's' ELSE 'r' END)::"char", c.relowner))) e
+	WHERE c.oid = rel
+$$;
+
 -- A relation's privileges as one text: owner, table privileges whoever
 -- granted them, column privileges (meta_cache's MC_PRIVS).
 CREATE OR REPLACE FUNCTION lokadb.privileges_of(rel oid) RETURNS text
 LANGUAGE sql STABLE AS $$
-	SELECT c.relowner::text || ';' || (SELECT coalesce(string_agg(x, ',' ORDER BY x), '') FROM (
+	SELECT c.relowner::text || ';' || (SELECT coalesce(string_agg(DISTINCT x, ',' ORDER BY x), '') FROM (
 		SELECT e.grantee::text || ':' || e.privilege_type || ':' || e.is_grantable::text AS x
-		FROM pg_catalog.aclexplode(coalesce(c.relacl, pg_catalog.acldefault('r'::"char", c.relowner))) e
+		FROM lokadb.table_privileges(c.oid) e
 		UNION ALL
 		SELECT a.attname::text || '/' || e.grantee::text || ':' || e.privilege_type || ':' || e.is_grantable::text
 		FROM pg_catalog.pg_attribute a, pg_catalog.aclexplode(a.attacl) e
@@ -157,9 +168,7 @@ BEGIN
 	SELECT relkind INTO kind FROM pg_class WHERE oid = dst;
 	objtype := CASE WHEN kind = 'S' THEN 'SEQUENCE' ELSE 'TABLE' END;
 	-- start from nothing: revoke what dst's ACL holds
-	FOR g IN SELECT DISTINCT e.grantee FROM pg_class c,
-			aclexplode(coalesce(c.relacl, acldefault((CASE WHEN kind = 'S' THEN 's' ELSE 'r' END)::"char", c.relowner))) e
-		 WHERE c.oid = dst LOOP
+	FOR g IN SELECT DISTINCT e.grantee FROM lokadb.table_privileges(dst) e LOOP
 		who := CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(g.grantee)) END;
 		EXECUTE format('REVOKE ALL ON %s %s FROM %s CASCADE', objtype, dst::regclass::text, who);
 	END LOOP;
@@ -169,9 +178,7 @@ BEGIN
 		who := CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(g.grantee)) END;
 		EXECUTE format('REVOKE ALL (%I) ON TABLE %s FROM %s CASCADE', g.attname, dst::regclass::text, who);
 	END LOOP;
-	FOR g IN SELECT e.* FROM pg_class c,
-			aclexplode(coalesce(c.relacl, acldefault((CASE WHEN kind = 'S' THEN 's' ELSE 'r' END)::"char", c.relowner))) e
-		 WHERE c.oid = src LOOP
+	FOR g IN SELECT e.* FROM lokadb.table_privileges(src) e LOOP
 		who := CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(g.grantee)) END;
 		EXECUTE format('GRANT %s ON %s %s TO %s%s', g.privilege_type, objtype, dst::regclass::text, who,
 			       CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
@@ -231,14 +238,10 @@ BEGIN
 		-- the table privileges that differ, one statement each (after a GRANT
 		-- or REVOKE on the parent, one), REVOKEs first; then, if anything
 		-- still differs (column privileges, several grantors), all of them
-		FOR g IN WITH s AS (SELECT DISTINCT e.grantee, e.privilege_type, e.is_grantable
-				    FROM pg_catalog.pg_class c, pg_catalog.aclexplode(coalesce(c.relacl,
-					 pg_catalog.acldefault('r'::"char", c.relowner))) e WHERE c.oid = rel),
-			      d AS (SELECT DISTINCT e.grantee, e.privilege_type, e.is_grantable
-				    FROM pg_catalog.pg_class c, pg_catalog.aclexplode(coalesce(c.relacl,
-					 pg_catalog.acldefault('r'::"char", c.relowner))) e WHERE c.oid = part)
-			 SELECT 0 AS step, * FROM (SELECT * FROM d EXCEPT SELECT * FROM s) x
-			 UNION ALL SELECT 1, * FROM (SELECT * FROM s EXCEPT SELECT * FROM d) y
+		FOR g IN SELECT 0 AS step, * FROM (SELECT * FROM lokadb.table_privileges(part)
+						   EXCEPT SELECT * FROM lokadb.table_privileges(rel)) x
+			 UNION ALL SELECT 1, * FROM (SELECT * FROM lokadb.table_privileges(rel)
+						     EXCEPT SELECT * FROM lokadb.table_privileges(part)) y
 			 ORDER BY 1 LOOP
 			who := CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_catalog.pg_get_userbyid(g.grantee)) END;
 			IF g.step = 0 THEN
