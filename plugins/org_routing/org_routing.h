@@ -288,8 +288,8 @@ bool or_template_fill_buf(const char *tpl, const struct or_norm *n, or_leaf_fn l
 			  char **buf, size_t *cap);
 /* A template compiled once (NULL: out of memory), then filled per message by
  * or_template_run() exactly as or_template_fill_buf() fills its text. With
- * sp (may be NULL): the spans of each leaf put in (names valid until the
- * leaves change or the template goes). */
+ * sp (may be NULL): the spans of each leaf put in (a span's name is the
+ * pointer leaf() returned, its client_name the template's). */
 struct or_tpl *or_template_compile(const char *tpl);
 void or_template_free(struct or_tpl *t);
 bool or_template_run(const struct or_tpl *t, const struct or_norm *n, or_leaf_fn leaf, void *arg, bool *no_leaf,

@@ -207,6 +207,75 @@ end:
 	return ok;
 }
 
+/* Leaves that stay where they are (a span keeps the callback's pointer, as
+ * org_routing's, meta_cache's catalog, does). */
+static const char *leaf_kept(void *arg, const char *schema, const char *table)
+{
+	(void)arg;
+	if (strcmp(schema, "public") == 0 && strcmp(table, "documents") == 0)
+		return "documents_o5_1";
+	return strcmp(table, "Projects") == 0 ? "Projects_O5" : NULL;
+}
+
+/*
+ * A leaf template whose markers carry their spans (pre.post.client), filled
+ * for a message with literals of other lengths: each span is where the
+ * filled text differs from the message's own, and every other byte is the
+ * message's, in order (what the core checks, textmap_build).
+ */
+static bool template_spans(void)
+{
+	static const char msg[] = "SELECT d.id FROM documents d JOIN \"My Schema\".\"Projects\" ON d.title = 'a much longer "
+				  "literal' WHERE documents_x = 12345";
+	struct or_norm n = { 0 };
+	struct or_tpl *t = NULL;
+	struct or_spans sp;
+	char *tpl = NULL, *buf = NULL, mark1[64], mark2[64], text[512];
+	size_t cap = 0, s = 0, c = 0;
+	bool ok = true, nl;
+
+	CHECK(or_normalize(msg, &n) && n.n == 2);
+	/* documents (9 bytes) -> public.<leaf>; "My Schema"."Projects" (22 bytes) -> "My Schema".<leaf> "Projects" */
+	snprintf(mark1, sizeof(mark1), "\"\x03public\x05" "documents\x06" "7.0.9\x04\"");
+	snprintf(mark2, sizeof(mark2), "\"\x03My Schema\x05Projects\x06" "12.11.22\x04\"");
+	snprintf(text, sizeof(text), "SELECT d.id FROM public.%s d JOIN \"My Schema\".%s \"Projects\" ON d.title = $1 "
+		 "WHERE documents_x = $2", mark1, mark2);
+	CHECK((tpl = or_template_encode(text, n.n)) != NULL);
+	CHECK((t = or_template_compile(tpl)) != NULL);
+	CHECK(or_template_run(t, &n, leaf_kept, NULL, &nl, &buf, &cap, &sp));
+	CHECK_STR(buf, "SELECT d.id FROM public.documents_o5_1 d JOIN \"My Schema\".\"Projects_O5\" \"Projects\" ON "
+		       "d.title = 'a much longer literal' WHERE documents_x = 12345");
+	CHECK(!sp.bad && sp.n == 2);
+	CHECK_STR(sp.s[0].name, "documents_o5_1");
+	CHECK_STR(sp.s[0].client_name, "documents");
+	CHECK_STR(sp.s[1].name, "Projects_O5");
+	CHECK_STR(sp.s[1].client_name, "Projects");
+	for (int i = 0; i < sp.n; i++) {
+		size_t seg = sp.s[i].at - s;
+		CHECK(sp.s[i].at >= s && memcmp(buf + s, msg + c, seg) == 0);
+		s = sp.s[i].at + sp.s[i].len;
+		c += seg + sp.s[i].client_len;
+	}
+	CHECK_STR(buf + s, msg + c);
+	CHECK(strncmp(buf + sp.s[0].at, "public.documents_o5_1", sp.s[0].len) == 0);
+	CHECK(strncmp(buf + sp.s[1].at, "\"My Schema\".\"Projects_O5\" \"Projects\"", sp.s[1].len) == 0 &&
+	      sp.s[1].len == 36 && sp.s[1].client_len == 22);
+	/* a marker without its numbers: no spans */
+	or_template_free(t);
+	free(tpl);
+	snprintf(text, sizeof(text), "SELECT 1 FROM public.\"\x03public\x05" "documents\x04\" WHERE a = $1 AND b = $2");
+	CHECK((tpl = or_template_encode(text, n.n)) != NULL);
+	CHECK((t = or_template_compile(tpl)) != NULL);
+	CHECK(or_template_run(t, &n, leaf_kept, NULL, &nl, &buf, &cap, &sp));
+	CHECK(sp.bad);
+end:
+	or_template_free(t);
+	free(tpl);
+	free(buf);
+	or_norm_free(&n);
+	return ok;
+}
+
 /* Normalize `sql` twice: through the shape of an earlier text (if any),
  * then with the shapes forgotten (the scanner): both results must be equal. */
 static bool same_both_ways(const char *sql, bool *normalized)
@@ -462,6 +531,7 @@ static const struct unit_case cases[] = {
 	{ "integers written as PostgreSQL writes them", format_int },
 	{ "templates", templates },
 	{ "compiled templates fill as the text", compiled_templates_fill_as_the_text },
+	{ "a template gives the spans where it differs", template_spans },
 	{ "shapes give what the scanner gives", shapes_give_what_the_scanner_gives },
 	{ "the last shape first", the_last_shape_first },
 	{ NULL, NULL }
