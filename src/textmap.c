@@ -8,8 +8,8 @@
  * byte is the client's and keeps the spans, in characters, with the reply
  * queue's item of the message. An ErrorResponse or NoticeResponse of that
  * item then gets its position (P) moved back into the client's text, and,
- * for the analysis errors of class 42, the relation names of the text sent
- * replaced by the client's. Replies carry no text, so nothing else needs it.
+ * for the errors of class 42 (analysis, privileges), the relation names
+ * of the text sent replaced by the client's. Replies carry no text, so nothing else needs it.
  */
 #include "textmap.h"
 #include "pktbuf.h"
@@ -169,16 +169,21 @@ static const struct tm_span *name_at(const struct textmap *m, const char *str, c
 	return NULL;
 }
 
-/* Does str name one of the map's relations (quoted, or all of it when whole)? */
-static bool names_one(const struct textmap *m, const char *str, bool whole)
+/* The span whose relation is named str, all of it (an error's table field), or NULL. */
+static const struct tm_span *span_named(const struct textmap *m, const char *str)
 {
-	for (uint32_t i = 0; i < m->n; i++) {
-		const char *name = m->s[i].name;
-		if (!name)
-			continue;
-		if (whole ? strcmp(str, name) == 0 : strstr(str, name) != NULL)
+	for (uint32_t i = 0; i < m->n; i++)
+		if (m->s[i].name && strcmp(str, m->s[i].name) == 0)
+			return &m->s[i];
+	return NULL;
+}
+
+/* Does str hold a name of the map's relations? (a first look: put_field_renamed() renames whole words only) */
+static bool holds_name(const struct textmap *m, const char *str)
+{
+	for (uint32_t i = 0; i < m->n; i++)
+		if (m->s[i].name && strstr(str, m->s[i].name))
 			return true;
-	}
 	return false;
 }
 
@@ -228,8 +233,8 @@ bool textmap_error(struct pktbuf *pb, char type, const uint8_t *body, uint32_t l
 	}
 	if (m && type == 'E' && code && strncmp(code, "42", 2) == 0) {
 		for (p = (const char *)body; *p; p += strlen(p + 1) + 2)
-			if ((*p == 'M' || *p == 'D' || *p == 'H') ? names_one(m, p + 1, false) :
-			    *p == 't' && names_one(m, p + 1, true))
+			if ((*p == 'M' || *p == 'D' || *p == 'H') ? holds_name(m, p + 1) :
+			    *p == 't' && span_named(m, p + 1))
 				rename = true;
 	}
 	if (!changed && !rename)
@@ -244,13 +249,8 @@ bool textmap_error(struct pktbuf *pb, char type, const uint8_t *body, uint32_t l
 		} else if (rename && (*p == 'M' || *p == 'D' || *p == 'H')) {
 			put_field_renamed(pb, m, p + 1);
 		} else if (rename && *p == 't') {
-			const char *str = p + 1;
-			for (uint32_t i = 0; i < m->n; i++)
-				if (m->s[i].name && strcmp(str, m->s[i].name) == 0) {
-					str = m->s[i].client_name;
-					break;
-				}
-			pkt_put_string(pb, str);
+			const struct tm_span *t = span_named(m, p + 1);
+			pkt_put_string(pb, t ? t->client_name : p + 1);
 		} else {
 			pkt_put_string(pb, p + 1);
 		}

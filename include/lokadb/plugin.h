@@ -526,8 +526,9 @@ struct lk_api {
 	 * by the spans before it. `name`, when not NULL, is a relation the
 	 * text sent names in that span instead of the client's `client_name`:
 	 * in an error of class 42 (the statement's analysis, an unknown
-	 * column ..., or a privilege), a quoted "name" in the message, detail or
-	 * hint and a table field (t) equal to it become the client's. 0 or
+	 * column ..., or a privilege), the word `name` (quoted or not) in the
+	 * message, detail or hint and a table field (t) equal to it become
+	 * the client's. 0 or
 	 * -1 (another event, no rewrite, bad spans). */
 	int (*query_text_spans)(lk_event *ev, const lk_text_span *spans, int n);
 };

@@ -153,6 +153,12 @@ $$;
 
 INSERT INTO lokadb.meta VALUES ('guards', '') ON CONFLICT (key) DO NOTHING;
 
+-- A grantee as GRANT and REVOKE write it (0: PUBLIC).
+CREATE OR REPLACE FUNCTION lokadb.grantee(role oid) RETURNS text
+LANGUAGE sql STABLE AS $$
+	SELECT CASE WHEN role = 0 THEN 'PUBLIC' ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(role)) END
+$$;
+
 -- Give `dst` exactly the privileges `src` has (table and column grants).
 -- (Here, not in move.sql: the event trigger below uses it.)
 CREATE OR REPLACE FUNCTION lokadb.copy_acl(src oid, dst oid) RETURNS void LANGUAGE plpgsql AS $$
@@ -160,7 +166,6 @@ DECLARE
 	kind "char";
 	objtype text;
 	g record;
-	who text;
 	was text := coalesce(current_setting('lokadb.copying_privileges', true), '');
 BEGIN
 	-- its GRANTs are no news for the event trigger lokadb_guards
@@ -169,24 +174,20 @@ BEGIN
 	objtype := CASE WHEN kind = 'S' THEN 'SEQUENCE' ELSE 'TABLE' END;
 	-- start from nothing: revoke what dst's ACL holds
 	FOR g IN SELECT DISTINCT e.grantee FROM lokadb.table_privileges(dst) e LOOP
-		who := CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(g.grantee)) END;
-		EXECUTE format('REVOKE ALL ON %s %s FROM %s CASCADE', objtype, dst::regclass::text, who);
+		EXECUTE format('REVOKE ALL ON %s %s FROM %s CASCADE', objtype, dst::regclass::text, lokadb.grantee(g.grantee));
 	END LOOP;
 	-- and its column privileges (a grantee may have them without any on the table)
 	FOR g IN SELECT DISTINCT a.attname, e.grantee FROM pg_attribute a, aclexplode(a.attacl) e
 		 WHERE kind <> 'S' AND a.attrelid = dst AND a.attnum > 0 AND NOT a.attisdropped AND a.attacl IS NOT NULL LOOP
-		who := CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(g.grantee)) END;
-		EXECUTE format('REVOKE ALL (%I) ON TABLE %s FROM %s CASCADE', g.attname, dst::regclass::text, who);
+		EXECUTE format('REVOKE ALL (%I) ON TABLE %s FROM %s CASCADE', g.attname, dst::regclass::text, lokadb.grantee(g.grantee));
 	END LOOP;
 	FOR g IN SELECT e.* FROM lokadb.table_privileges(src) e LOOP
-		who := CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(g.grantee)) END;
-		EXECUTE format('GRANT %s ON %s %s TO %s%s', g.privilege_type, objtype, dst::regclass::text, who,
+		EXECUTE format('GRANT %s ON %s %s TO %s%s', g.privilege_type, objtype, dst::regclass::text, lokadb.grantee(g.grantee),
 			       CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
 	END LOOP;
 	FOR g IN SELECT a.attname, e.* FROM pg_attribute a, aclexplode(a.attacl) e
 		 WHERE kind <> 'S' AND a.attrelid = src AND a.attnum > 0 AND NOT a.attisdropped AND a.attacl IS NOT NULL LOOP
-		who := CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(g.grantee)) END;
-		EXECUTE format('GRANT %s (%I) ON TABLE %s TO %s%s', g.privilege_type, g.attname, dst::regclass::text, who,
+		EXECUTE format('GRANT %s (%I) ON TABLE %s TO %s%s', g.privilege_type, g.attname, dst::regclass::text, lokadb.grantee(g.grantee),
 			       CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
 	END LOOP;
 	PERFORM set_config('lokadb.copying_privileges', was, true);
@@ -201,12 +202,11 @@ CREATE OR REPLACE FUNCTION lokadb.copy_privileges(rel regclass) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
 	t record;
-	part regclass;
+	part record;
 	owner name;
 	n integer := 0;
 	v text;
 	g record;
-	who text;
 	was text := coalesce(current_setting('lokadb.copying_privileges', true), '');
 BEGIN
 	SELECT lt.* INTO t FROM lokadb.tables lt
@@ -218,7 +218,9 @@ BEGIN
 	PERFORM pg_catalog.set_config('lokadb.copying_privileges', 'on', true);	-- (its ALTER ... OWNER too)
 	-- (owner and ACL as they are first: PostgreSQL compares them without a
 	-- function call per partition, and they are equal where nothing changed)
-	FOR part IN SELECT DISTINCT pc.oid::regclass FROM lokadb.partitions p,
+	FOR part IN SELECT DISTINCT pc.oid::regclass AS rel, pc.relowner <> c.relowner AS other_owner,
+			       CASE WHEN pc.relkind = 'f' THEN 'FOREIGN TABLE' ELSE 'TABLE' END AS kind
+		    FROM lokadb.partitions p,
 			LATERAL (VALUES (p.container), (p.leaf)) v(r),
 			pg_catalog.pg_namespace pn, pg_catalog.pg_class pc, pg_catalog.pg_class c
 		    WHERE p.schema_name = t.schema_name AND p.table_name = t.table_name
@@ -226,33 +228,29 @@ BEGIN
 		    AND (pc.relowner <> c.relowner OR pc.relacl IS DISTINCT FROM c.relacl
 			 OR EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
 				    WHERE a.attrelid IN (c.oid, pc.oid) AND a.attacl IS NOT NULL)) LOOP
-		IF lokadb.privileges_of(part) = lokadb.privileges_of(rel) THEN
-			CONTINUE;
-		END IF;
-		IF (SELECT relowner FROM pg_catalog.pg_class WHERE oid = part) <>
-		   (SELECT relowner FROM pg_catalog.pg_class WHERE oid = rel) THEN
-			EXECUTE pg_catalog.format('ALTER %s %s OWNER TO %I',
-				CASE WHEN (SELECT relkind FROM pg_catalog.pg_class WHERE oid = part) = 'f'
-				     THEN 'FOREIGN TABLE' ELSE 'TABLE' END, part, owner);
+		CONTINUE WHEN lokadb.privileges_of(part.rel) = lokadb.privileges_of(rel);
+		IF part.other_owner THEN
+			EXECUTE pg_catalog.format('ALTER %s %s OWNER TO %I', part.kind, part.rel, owner);
 		END IF;
 		-- the table privileges that differ, one statement each (after a GRANT
 		-- or REVOKE on the parent, one), REVOKEs first; then, if anything
 		-- still differs (column privileges, several grantors), all of them
-		FOR g IN SELECT 0 AS step, * FROM (SELECT * FROM lokadb.table_privileges(part)
+		FOR g IN SELECT 0 AS step, * FROM (SELECT * FROM lokadb.table_privileges(part.rel)
 						   EXCEPT SELECT * FROM lokadb.table_privileges(rel)) x
 			 UNION ALL SELECT 1, * FROM (SELECT * FROM lokadb.table_privileges(rel)
-						     EXCEPT SELECT * FROM lokadb.table_privileges(part)) y
+						     EXCEPT SELECT * FROM lokadb.table_privileges(part.rel)) y
 			 ORDER BY 1 LOOP
-			who := CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_catalog.pg_get_userbyid(g.grantee)) END;
 			IF g.step = 0 THEN
-				EXECUTE pg_catalog.format('REVOKE %s ON TABLE %s FROM %s CASCADE', g.privilege_type, part, who);
+				EXECUTE pg_catalog.format('REVOKE %s ON TABLE %s FROM %s CASCADE', g.privilege_type, part.rel,
+							  lokadb.grantee(g.grantee));
 			ELSE
-				EXECUTE pg_catalog.format('GRANT %s ON TABLE %s TO %s%s', g.privilege_type, part, who,
+				EXECUTE pg_catalog.format('GRANT %s ON TABLE %s TO %s%s', g.privilege_type, part.rel,
+							  lokadb.grantee(g.grantee),
 							  CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
 			END IF;
 		END LOOP;
-		IF lokadb.privileges_of(part) <> lokadb.privileges_of(rel) THEN
-			PERFORM lokadb.copy_acl(rel, part);
+		IF lokadb.privileges_of(part.rel) <> lokadb.privileges_of(rel) THEN
+			PERFORM lokadb.copy_acl(rel, part.rel);
 		END IF;
 		n := n + 1;
 	END LOOP;
