@@ -48,6 +48,8 @@
 #define LV_MAX_LINKS 64		/* term links of one level */
 #define LV_MAX_OUTER 16		/* outer-join inheritances of one level */
 #define AN_MAX_CTES 64
+#define AN_MAX_REFNAMES 32	/* names of LokaDB table occurrences a whole row is looked for by */
+#define AN_MAX_TYPELESS 16
 
 typedef PgQuery__Node Node;
 
@@ -103,6 +105,12 @@ struct an {
 	bool oom;
 	bool three_part_colref;		/* a ColumnRef schema.table.col: aliases would break it */
 	bool guarded;			/* a parent has what a statement on its leaf would bypass (table_guard) */
+	/* the names the statement's LokaDB table occurrences are known by (alias, or relation name) */
+	const char *refnames[AN_MAX_REFNAMES];
+	int nrefnames;			/* > AN_MAX_REFNAMES: more than that (not followed) */
+	const void *typeless[AN_MAX_TYPELESS];	/* ColumnRefs whose row type the result cannot show */
+	int ntypeless;
+	bool whole_row;			/* a LokaDB table's row as one value: its type is the leaf's there */
 	struct or_stmt *st;		/* the statement being analyzed */
 };
 
@@ -287,6 +295,16 @@ static void mark_seen(struct an *x, const void *rv)
 }
 
 /* Record an occurrence of LokaDB table t; its terms are added right after. */
+/* The name a LokaDB table occurrence is known by in its statement (whole_row_visit). */
+static void note_refname(struct an *x, const PgQuery__RangeVar *rv)
+{
+	const char *name = rv->alias && rv->alias->aliasname ? rv->alias->aliasname : rv->relname;
+
+	if (x->nrefnames < AN_MAX_REFNAMES && name)
+		x->refnames[x->nrefnames] = name;
+	x->nrefnames++;
+}
+
 static struct or_ref *add_ref(struct an *x, const struct mc_table *t, const void *rv)
 {
 	struct or_analysis *a = x->a;
@@ -312,6 +330,7 @@ static struct or_ref *add_ref(struct an *x, const struct mc_table *t, const void
 	x->st->nrefs++;
 	a->tables = true;
 	mark_seen(x, rv);
+	note_refname(x, rv);
 	return r;
 }
 
@@ -895,6 +914,99 @@ static bool visit(void *arg, ProtobufCMessage *m)
 	return !x->oom;
 }
 
+static bool is_refname(const struct an *x, const char *name)
+{
+	if (x->nrefnames > AN_MAX_REFNAMES)
+		return true;	/* not followed: taken for one */
+	for (int i = 0; i < x->nrefnames; i++)
+		if (strcmp(x->refnames[i], name) == 0)
+			return true;
+	return false;
+}
+
+/* A ColumnRef whose row type the result cannot show (whole_row_visit): noted on its parent node. */
+static void typeless(struct an *x, const Node *n)
+{
+	if (n && n->node_case == PG_QUERY__NODE__NODE_COLUMN_REF && x->ntypeless < AN_MAX_TYPELESS)
+		x->typeless[x->ntypeless++] = n->column_ref;
+}
+
+/* pg_catalog functions whose result is the same for a row of any type with the same columns. */
+static bool typeless_function(const PgQuery__FuncCall *f)
+{
+	static const char *const names[] = {
+		"to_json", "to_jsonb", "row_to_json", "json_agg", "jsonb_agg", "json_build_object",
+		"jsonb_build_object", "json_build_array", "jsonb_build_array", "json_object_agg",
+		"jsonb_object_agg", "count", "num_nulls", "num_nonnulls",
+	};
+	const char *name, *schema = NULL;
+
+	if (f->n_funcname == 2)
+		schema = str_of(f->funcname[0]);
+	else if (f->n_funcname != 1)
+		return false;
+	name = str_of(f->funcname[f->n_funcname - 1]);
+	if (!name || (schema && strcmp(schema, "pg_catalog") != 0))
+		return false;
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		if (strcmp(name, names[i]) == 0)
+			return true;
+	return false;
+}
+
+/*
+ * A LokaDB table's row as one value (`d`, `d.*` other than as a target
+ * list's entry, which expands into the columns). PostgreSQL gives it the
+ * row type of the relation scanned, on a leaf the leaf's: `pg_typeof(d)`,
+ * and the column type of `SELECT d` or `RETURNING documents` in
+ * RowDescription would differ. Such a statement stays on the parent,
+ * unless each such value is only cast, tested for NULL, a field taken of
+ * it (`(d).title`), or given to a function that shows no type
+ * (`row_to_json(d)`, `count(d)`, typeless_function). A column that has
+ * the name of an occurrence is taken for its row: that only keeps a
+ * statement on the parent.
+ */
+static bool whole_row_visit(void *arg, ProtobufCMessage *m)
+{
+	struct an *x = arg;
+	const ProtobufCMessageDescriptor *d = m->descriptor;
+
+	if (d == &pg_query__res_target__descriptor) {
+		const PgQuery__ResTarget *rt = (const PgQuery__ResTarget *)m;
+		if (rt->val && rt->val->node_case == PG_QUERY__NODE__NODE_COLUMN_REF) {
+			const PgQuery__ColumnRef *cr = rt->val->column_ref;
+			if (cr->n_fields && cr->fields[cr->n_fields - 1]->node_case == PG_QUERY__NODE__NODE_A_STAR)
+				typeless(x, rt->val);	/* `d.*`: the columns */
+		}
+	} else if (d == &pg_query__type_cast__descriptor) {
+		typeless(x, ((const PgQuery__TypeCast *)m)->arg);
+	} else if (d == &pg_query__null_test__descriptor) {
+		typeless(x, ((const PgQuery__NullTest *)m)->arg);
+	} else if (d == &pg_query__a__indirection__descriptor) {
+		const PgQuery__AIndirection *ind = (const PgQuery__AIndirection *)m;
+		if (ind->n_indirection && str_of(ind->indirection[0]))
+			typeless(x, ind->arg);	/* (d).title */
+	} else if (d == &pg_query__func_call__descriptor) {
+		const PgQuery__FuncCall *f = (const PgQuery__FuncCall *)m;
+		if (typeless_function(f))
+			for (size_t i = 0; i < f->n_args; i++)
+				typeless(x, f->args[i]);
+	} else if (d == &pg_query__column_ref__descriptor) {
+		const PgQuery__ColumnRef *cr = (const PgQuery__ColumnRef *)m;
+		const char *name = NULL;
+		for (int i = 0; i < x->ntypeless; i++)
+			if (x->typeless[i] == cr)
+				return true;
+		if (cr->n_fields == 1)
+			name = str_of(cr->fields[0]);
+		else if (cr->n_fields == 2 && cr->fields[1]->node_case == PG_QUERY__NODE__NODE_A_STAR)
+			name = str_of(cr->fields[0]);
+		if (name && is_refname(x, name))
+			x->whole_row = true;
+	}
+	return !x->whole_row;
+}
+
 /* ================= session effects ================= */
 
 /* The value of SET name = v (a single constant) as text, in *o. */
@@ -1210,10 +1322,15 @@ static void analyze_stmt(struct an *x, const PgQuery__RawStmt *raw)
 	x->cte_overflow = false;
 	x->three_part_colref = false;
 	x->guarded = false;
+	x->nrefnames = 0;
+	x->ntypeless = 0;
+	x->whole_row = false;
 	or_walk((ProtobufCMessage *)n, collect_ctes, x);
 	if (!x->oom)
 		or_walk((ProtobufCMessage *)n, visit, x);
-	if (x->three_part_colref || x->guarded)
+	if (!x->oom && x->st->rewritable && x->st->nrefs && !x->three_part_colref && !x->guarded)
+		or_walk((ProtobufCMessage *)n, whole_row_visit, x);
+	if (x->three_part_colref || x->guarded || x->whole_row)
 		x->st->rewritable = false;	/* (guards: the parent's, which a leaf statement would bypass) */
 	if (x->st->nrefs == 0)
 		x->st->kind = OR_K_OTHER;
