@@ -323,6 +323,7 @@ void client_free_now(struct client *c)
 		plugin_client_close(c);
 	plugin_client_free(c);
 	ps_client_free(c);
+	rt_names_free(&c->rnames);
 	authq_cancel(c);
 	if (c->bev) {
 		conn_free(&c->io, c->bev);
@@ -1592,6 +1593,44 @@ static void ps_watched(struct client *c, struct lk_event *ev, struct evbuffer *i
 		drop_message(c, in, len);
 }
 
+/*
+ * A Describe or Close of a client with names whose RowDescriptions a
+ * plugin's tables rename (api->query_result_tables): the Describe's reply
+ * item takes the name's tables; a Close forgets the name. Then forwarded
+ * as any other.
+ */
+static bool names_message(struct client *c, struct evbuffer *in, char type, uint32_t len)
+{
+	const uint8_t *b;
+	struct lk_tables *t = NULL;
+	struct server *s = c->link;
+	uint32_t items = s->rq.count;
+	bool more;
+
+	if (!want_whole(c, in, len))
+		return false;
+	b = evbuffer_pullup(in, (ssize_t)len + 1) + 5;
+	if (len >= 6 && b[len - 5] == 0) {	/* (else PostgreSQL says what is wrong with it) */
+		if (type == 'C')
+			rt_names_set(&c->rnames, (char)b[0], (const char *)b + 1, NULL);
+		else
+			t = rt_names_get(&c->rnames, (char)b[0], (const char *)b + 1);
+	}
+	if (c->ps_on) {
+		more = ps_message(c, in, type, len);
+	} else {
+		note_sent_to_server(c, type);
+		forward_bytes(c, in, len + 1);
+		more = !c->throttled;
+	}
+	if (t && !c->closing && !s->closing && s->rq.count > items) {
+		struct rq_item *it = rq_at(&s->rq, s->rq.count - 1);
+		if (it->type == 'D' && it->act == RQ_FWD && !it->tables)
+			it->tables = rt_tables_ref(t);
+	}
+	return more;
+}
+
 /* Query, Parse or Bind of a client a plugin watches: the QUERY hook decides. */
 static bool watched_message(struct client *c, struct evbuffer *in, char type, uint32_t len)
 {
@@ -1653,6 +1692,7 @@ static bool watched_message(struct client *c, struct evbuffer *in, char type, ui
 		return !c->closing;
 	}
 	plugin_query_send_vars(c, ev);
+	plugin_query_note_tables(c, ev);
 	for (int i = 0; i < n_prefix; i++)
 		server_send_hidden(c->link, prefix[i]);
 	if (type == 'B' && plugin_query_wants_reparse(ev))
@@ -1769,6 +1809,8 @@ static bool client_message(struct client *c, struct evbuffer *in)
 			return r < 0 && !c->closing;
 	}
 	c->request_time = rt->now;
+	if (c->rnames.n && (hdr[0] == 'D' || hdr[0] == 'C'))
+		return names_message(c, in, (char)hdr[0], len);
 	if (c->ps_on && (hdr[0] == 'P' || hdr[0] == 'B' || hdr[0] == 'D' || hdr[0] == 'C'))
 		return ps_message(c, in, (char)hdr[0], len);
 	note_sent_to_server(c, (char)hdr[0]);

@@ -41,6 +41,7 @@
 #include "log.h"
 #include "pktbuf.h"
 #include "prepared.h"
+#include "resulttables.h"
 
 #define LOKADB_VERSION "0.1.0"
 #define STARTUP_MAX_LEN 10000		/* like PostgreSQL's MAX_STARTUP_PACKET_LENGTH */
@@ -224,6 +225,8 @@ struct client {
 	struct stmt_text *stmts;	/* watched clients: statement name -> text */
 	struct ps_cli *ps;		/* its prepared statements (prepared.c), NULL until one */
 	bool ps_on;			/* max_prepared_statements applies (not session mode) */
+	struct rt_names rnames;		/* statements and portals whose RowDescriptions a plugin's
+					 * tables rename (api->query_result_tables) */
 	uint64_t affinity;		/* a plugin's affinity key for server choice (0: none) */
 	int aff_max;			/* ... keys a server keeps at most */
 	int aff_passed;			/* times a waiting client was passed over for another's affinity */
@@ -545,6 +548,8 @@ bool plugin_query_build(struct client *c, struct lk_event *ev, struct pktbuf *pb
 /* The reply queue's item of the decided Query or Parse just sent takes the event's text map (ABI 1.12). */
 struct rq_item;
 void plugin_query_give_map(struct lk_event *ev, struct rq_item *it);
+/* The decided Parse or Bind of ev: its statement's or portal's result tables (api->query_result_tables). */
+void plugin_query_note_tables(struct client *c, struct lk_event *ev);
 char **plugin_query_prefixes(struct lk_event *ev, int *n);
 /* query_set_var: send the values the server lacks (hidden), call query_on_vars. */
 void plugin_query_send_vars(struct client *c, struct lk_event *ev);

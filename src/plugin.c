@@ -89,6 +89,7 @@ struct lk_event {
 	int n_prefix;
 	char *reparse;			/* B: parse the bound statement again with this text first */
 	struct textmap *map;		/* query_text_spans of new_sql (ABI 1.12), until the reply queue takes it */
+	struct lk_tables *tables;	/* query_result_tables (ABI 1.13): a reference */
 	int n_vars;			/* query_set_var, in ->vars */
 	struct { struct lk_plugin *pl; lk_vars_fn fn; void *arg; } on_vars[4];	/* query_on_vars */
 	int n_on_vars;
@@ -347,6 +348,8 @@ void plugin_event_free(struct lk_event *ev)
 		free(ev->reparse);
 	if (ev->map)
 		textmap_free(ev->map);
+	if (ev->tables)
+		rt_tables_release(ev->tables);
 	if (ev->res)
 		result_free(ev->res);
 #if EV_SPARE
@@ -1534,12 +1537,53 @@ static int api_query_text_spans(lk_event *ev, const lk_text_span *spans, int n)
 	return ev->map ? 0 : -1;
 }
 
-/* The reply queue's item of the decided Query or Parse just sent (type, RQ_FWD) takes its text map. */
+/* The reply queue's item of the decided Query or Parse just sent (type, RQ_FWD) takes its text map
+ * (and a Query its result tables). */
 void plugin_query_give_map(struct lk_event *ev, struct rq_item *it)
 {
-	if (ev->map && it && it->type == ev->qtype && it->act == RQ_FWD && !it->map) {
+	if (!it || it->type != ev->qtype || it->act != RQ_FWD)
+		return;
+	if (ev->map && !it->map) {
 		it->map = ev->map;
 		ev->map = NULL;
+	}
+	if (ev->tables && it->type == 'Q' && !it->tables)
+		it->tables = rt_tables_ref(ev->tables);
+}
+
+static lk_tables *api_tables_new(const lk_table_oid *t, int n)
+{
+	return rt_tables_new(t, n);
+}
+
+static void api_tables_release(lk_tables *t)
+{
+	rt_tables_release(t);
+}
+
+static int api_query_result_tables(lk_event *ev, lk_tables *t)
+{
+	if (ev->hook != LK_HOOK_QUERY || !strchr("QPB", ev->qtype) || !t)
+		return -1;
+	rt_tables_release(ev->tables);
+	ev->tables = rt_tables_ref(t);
+	return 0;
+}
+
+void plugin_query_note_tables(struct client *c, struct lk_event *ev)
+{
+	struct lk_tables *t = ev->tables;
+
+	if (!t && !c->rnames.n)
+		return;		/* (the usual case: nothing to forget either) */
+	if (ev->qtype == 'P') {
+		rt_names_set(&c->rnames, 'S', ev->stmt, t);
+	} else if (ev->qtype == 'B') {
+		if (!t)
+			t = rt_names_get(&c->rnames, 'S', ev->stmt);
+		else if (ev->reparse)	/* the statement's text is the one the Bind gave it */
+			rt_names_set(&c->rnames, 'S', ev->stmt, t);
+		rt_names_set(&c->rnames, 'P', ev->portal, t);
 	}
 }
 
@@ -3369,4 +3413,7 @@ static const struct lk_api api_table = {
 	.server_retire = api_server_retire,
 	.ev_txn_failed = api_ev_txn_failed,
 	.query_text_spans = api_query_text_spans,
+	.tables_new = api_tables_new,
+	.tables_release = api_tables_release,
+	.query_result_tables = api_query_result_tables,
 };

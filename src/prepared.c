@@ -84,6 +84,8 @@ static void item_release(struct rq_item *it)
 	entry_unref(it->e);
 	free(it->name);
 	textmap_free(it->map);
+	rt_tables_release(it->tables);
+	it->tables = NULL;
 	it->e = NULL;
 	it->name = NULL;
 	it->map = NULL;

@@ -68,6 +68,7 @@ struct rq_item {
 	bool vars_err;		/* it failed (the values were rolled back) */
 	uint32_t shift;		/* characters in front: an error's position moves back by it */
 	struct textmap *map;	/* a Query or Parse a plugin rewrote: its text as the client's (owned) */
+	struct lk_tables *tables;	/* a Query or Describe: its RowDescriptions renamed (a reference) */
 	/* the first ReadyForQuery owed after values sent inside a batch (server_send_hidden_ext) */
 	bool vars_ext;
 	uint32_t ext_seq;	/* the last of those sends (tvars.esent) it answers */

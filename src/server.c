@@ -875,6 +875,23 @@ static bool copy_at(struct evbuffer *in, size_t off, uint8_t *out, size_t n)
 	return evbuffer_ptr_set(in, &at, off, EVBUFFER_PTR_SET) == 0 && evbuffer_copyout_from(in, &at, out, n) == (ev_ssize_t)n;
 }
 
+/*
+ * A RowDescription of a statement whose result tables a plugin gave
+ * (api->query_result_tables): renamed in place, where it is in `in`
+ * (after the batch). false: not all of it has arrived.
+ */
+static bool fix_row_description(struct server *s, struct evbuffer *in, uint32_t len, const struct lk_tables *t)
+{
+	size_t end = (size_t)s->batch + len + 1;
+
+	if (evbuffer_get_length(in) < end) {
+		batch_flush(s, in);	/* what came before it goes on */
+		return false;
+	}
+	rt_fix_row_description(t, evbuffer_pullup(in, (ev_ssize_t)end) + s->batch + 5, len - 4);
+	return true;
+}
+
 static bool server_message(struct server *s, struct evbuffer *in)
 {
 	uint8_t hdr[6];
@@ -910,10 +927,13 @@ static bool server_message(struct server *s, struct evbuffer *in)
 			return false;
 		handle_rfq(s, in, hdr);		/* its 6 bytes leave with the batch */
 		return true;
+	case 'T':
+		if (head && head->tables && !s->fwd_hidden && !fix_row_description(s, in, len, head->tables))
+			return false;
+		/* fall through */
 	case '1':
 	case '2':
 	case '3':
-	case 'T':
 	case 'n':
 	case 'C':
 	case 'I':

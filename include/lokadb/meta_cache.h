@@ -117,6 +117,13 @@ struct meta_cache_api {
 	/* ---- appended later: test svc->size before use ---- */
 	/* mc_table.guard of t: letters of "riud", or NULL (see there). */
 	const char *(*table_guard)(const struct mc_table *t);
+	/* ---- appended later: test svc->size before use ---- */
+	/* Every isolated organization's leaf partition as its LokaDB table
+	 * (their OIDs, and column numbers where they differ), for the core's
+	 * api->query_result_tables (ABI 1.13): a statement addressed to a leaf
+	 * describes its result columns as the table's. NULL: none, or a core
+	 * without it. Valid until the next return to the loop. */
+	struct lk_tables *(*result_tables)(void);
 };
 
 #endif

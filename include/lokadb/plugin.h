@@ -40,7 +40,7 @@ extern "C" {
 
 #define LK_PLUGIN_MAGIC 0x4c4b504cu	/* "LKPL" */
 #define LK_ABI_MAJOR 1
-#define LK_ABI_MINOR 12
+#define LK_ABI_MINOR 13
 #define LK_PLUGIN_SYMBOL "lokadb_plugin"
 
 /* Opaque handles. */
@@ -63,6 +63,19 @@ typedef struct lk_text_span {
 	const char *name;		/* a relation named there instead of client_name (NULL: none) */
 	const char *client_name;
 } lk_text_span;
+
+/*
+ * ABI 1.13: relations a plugin's text names where the client's names
+ * another (api->tables_new): a partition and its table.
+ */
+typedef struct lk_table_oid {
+	uint32_t oid;			/* the relation the text sent names (a partition) */
+	uint32_t client_oid;		/* the one the client's text names (its partitioned table) */
+	const char *attnums;		/* "3:4,4:5": its columns whose number differs in client_oid
+					 * (a column dropped from the table before the partition
+					 * was made), or NULL: the same numbers */
+} lk_table_oid;
+typedef struct lk_tables lk_tables;	/* the core's: counted references */
 
 struct event_base;			/* libevent */
 struct pg_conn;				/* libpq's PGconn */
@@ -531,6 +544,22 @@ struct lk_api {
 	 * the client's. 0 or
 	 * -1 (another event, no rewrite, bad spans). */
 	int (*query_text_spans)(lk_event *ev, const lk_text_span *spans, int n);
+
+	/* ---- ABI 1.13 ---- */
+	/* A set of relations to report as others (lk_table_oid: at most one
+	 * entry per oid; the attnums are copied), with one reference; NULL
+	 * when out of memory or bad (an attnums text that is not pairs of
+	 * numbers). Built once, passed to many statements. */
+	lk_tables *(*tables_new)(const lk_table_oid *t, int n);
+	void (*tables_release)(lk_tables *t);	/* accepts NULL */
+	/* Q, P, B (decided): the RowDescriptions of this statement (a Query's,
+	 * a Describe's of the statement Parsed, or of the portal Bound) name
+	 * t's client_oid and its column numbers where PostgreSQL names t's oid,
+	 * as they would have for the client's text. A Parse's holds for the
+	 * statement's later Describes (until the name is Parsed again or
+	 * Closed), a Bind's for its portal's; a Bind without it has its
+	 * statement's. The core takes its own reference. 0 or -1. */
+	int (*query_result_tables)(lk_event *ev, lk_tables *t);
 };
 
 #ifdef __cplusplus

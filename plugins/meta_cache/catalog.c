@@ -259,7 +259,16 @@ static int add_row(struct mc_cat *cat, const PGresult *r, int i)
 		if (f[2] == NULL)
 			return 0;
 		p = &cat->parts[cat->n_parts++];
-		*p = (struct mc_part){ f[0], f[1], f[2], f[3], f[4] };
+		*p = (struct mc_part){ f[0], f[1], f[2], f[3], f[4], 0, 0, NULL };
+		if (f[5] && f[6]) {	/* "oid", "oid[;attnums]" */
+			char *end;
+			unsigned long lo = strtoul(f[5], &end, 10), to = *end ? 0 : strtoul(f[6], &end, 10);
+			if (lo && to && lo <= UINT32_MAX && to <= UINT32_MAX && (*end == '\0' || *end == ';')) {
+				p->leaf_oid = (uint32_t)lo;
+				p->table_oid = (uint32_t)to;
+				p->attnums = *end == ';' && end[1] ? end + 1 : NULL;
+			}
+		}
 		map_put(&cat->by_part, p->schema, p->name, p->org_id, p);
 		break;
 	}

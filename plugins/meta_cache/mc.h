@@ -27,7 +27,9 @@ struct pg_result;
  *   v  version, oid of lokadb.meta             (exactly one row)
  *   t  schema, table, org_column, org_type, default_part
  *   o  id, name, state, site, profile, isolated, paused
- *   p  schema, table, org_id, container, leaf
+ *   p  schema, table, org_id, container, leaf, leaf's oid, table's oid[;attnums]
+ *      (attnums: "leaf:table,..." column numbers that differ, when the
+ *      table had columns dropped before the leaf was made)
  *   s  schema, name: any relation named like a LokaDB table (search_path shadows)
  * A missing schema or table fails it with 3F000 / 42P01: "not installed".
  */
@@ -109,8 +111,16 @@ struct pg_result;
 	" t.org_type::text, t.default_part::text, " MC_GUARD_EXPR ", NULL FROM lokadb.tables t" \
 	" UNION ALL SELECT 'o', id::text, name::text, state::text, site::text, profile::text,"   \
 	" isolated::text, paused::text FROM lokadb.orgs"                                         \
-	" UNION ALL SELECT 'p', schema_name::text, table_name::text, org_id::text,"              \
-	" container::text, leaf::text, NULL, NULL FROM lokadb.partitions"                        \
+	" UNION ALL SELECT 'p', p.schema_name::text, p.table_name::text, p.org_id::text,"       \
+	" p.container::text, p.leaf::text, l.oid::text, c.oid::text || coalesce(';' || CASE"    \
+	" WHEN l.relnatts <> c.relnatts THEN (SELECT string_agg(la.attnum || ':' || pa.attnum,"  \
+	" ',' ORDER BY la.attnum) FROM pg_catalog.pg_attribute la JOIN pg_catalog.pg_attribute"  \
+	" pa ON pa.attrelid = c.oid AND pa.attname = la.attname WHERE la.attrelid = l.oid"       \
+	" AND la.attnum > 0 AND NOT la.attisdropped AND la.attnum <> pa.attnum) END, '')"        \
+	" FROM lokadb.partitions p LEFT JOIN pg_catalog.pg_namespace n"                           \
+	" ON n.nspname = p.schema_name LEFT JOIN pg_catalog.pg_class c"                           \
+	" ON c.relnamespace = n.oid AND c.relname = p.table_name LEFT JOIN pg_catalog.pg_class l" \
+	" ON l.relnamespace = n.oid AND l.relname = p.leaf"                                       \
 	" UNION ALL SELECT 's', n.nspname::text, c.relname::text, NULL, NULL, NULL, NULL, NULL"  \
 	" FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"   \
 	" WHERE c.relname IN (SELECT table_name FROM lokadb.tables)"                             \
@@ -144,6 +154,8 @@ struct mc_map {
 /* One isolated organization's partition of one LokaDB table. */
 struct mc_part {
 	const char *schema, *name, *org_id, *container, *leaf;
+	uint32_t leaf_oid, table_oid;	/* 0: not known (the relation is missing) */
+	const char *attnums;		/* lk_table_oid's, or NULL */
 };
 
 struct mc_chunk;

@@ -110,6 +110,7 @@ struct mc_sub {
 /* The plugin's state (api->set_data). */
 struct mc {
 	lk_plugin *self;
+	lk_tables *rtables;		/* the partitions as their tables (svc_result_tables), built at first use */
 
 	/* [plugin.meta_cache], applied */
 	char *cloud;
@@ -574,6 +575,10 @@ static void install_catalog(struct mc *st, struct mc_cat *cat, const struct mc_o
 		lo = same_id ? st->covered_lo : st->cat->id.version;
 	mc_cat_free(st->cat);
 	st->cat = cat;
+	if (st->rtables) {	/* of the catalog before */
+		api->tables_release(st->rtables);
+		st->rtables = NULL;
+	}
 	st->covered_lo = lo;
 	st->covered_hi = cat->id.version;
 	st->loaded_seq = op->covers_seq;
@@ -1078,6 +1083,29 @@ static int svc_n_partitions(void)
 	return svc_ready() ? (int)mc_state->cat->n_parts : 0;
 }
 
+/* Every isolated organization's leaf as its LokaDB table, for the core (ABI 1.13), or NULL. */
+static lk_tables *svc_result_tables(void)
+{
+	struct mc *st = mc_state;
+	lk_table_oid *v;
+	int n = 0;
+
+	if (!svc_ready() || !LK_API_HAS(api, tables_new))
+		return NULL;
+	if (st->rtables || st->cat->n_parts == 0)
+		return st->rtables;
+	if (!(v = malloc(sizeof(*v) * st->cat->n_parts)))
+		return NULL;
+	for (size_t i = 0; i < st->cat->n_parts; i++) {
+		const struct mc_part *p = &st->cat->parts[i];
+		if (p->leaf_oid && p->table_oid)
+			v[n++] = (lk_table_oid){ p->leaf_oid, p->table_oid, p->attnums };
+	}
+	st->rtables = api->tables_new(v, n);
+	free(v);
+	return st->rtables;
+}
+
 static int svc_on_change(mc_change_fn fn, void *arg)
 {
 	struct mc_sub *subs;
@@ -1178,6 +1206,7 @@ static const struct meta_cache_api mc_service = {
 	.refresh = svc_refresh,
 	.n_partitions = svc_n_partitions,
 	.table_guard = svc_table_guard,
+	.result_tables = svc_result_tables,
 };
 
 /* ========================================================== console == */
@@ -1317,6 +1346,8 @@ static void mc_fini(lk_plugin *self)
 	while ((w = list_pop(&tmp)) != NULL)
 		free(w);	/* every client is gone; nobody to resume */
 	mc_cat_free(st->cat);
+	if (st->rtables)
+		api->tables_release(st->rtables);
 	free(st->subs);
 	free(st->cloud);
 	mc_state = NULL;

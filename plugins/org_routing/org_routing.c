@@ -1217,6 +1217,18 @@ static const char *rewritten(struct orr *g, lk_event *ev, const struct orc *x, c
 	return (i = or_memo_find(m, org, key)) >= 0 ? filled(g, m, i, tmpl, d) : NULL;
 }
 
+/* The RowDescriptions of a statement addressed to leaves name the client's tables (ABI 1.13). */
+static void result_tables(const struct orr *g, lk_event *ev)
+{
+	const struct meta_cache_api *mc = g->mc;
+	lk_tables *t;
+
+	if (LK_API_HAS(api, query_result_tables) &&
+	    mc->size >= offsetof(struct meta_cache_api, result_tables) + sizeof(mc->result_tables) &&
+	    mc->result_tables && (t = mc->result_tables()))
+		api->query_result_tables(ev, t);
+}
+
 /* Address a single-organization Query or Parse to its leaves. */
 static void maybe_rewrite(struct orr *g, lk_event *ev, struct orc *x, const struct or_analysis *a,
 			  struct decision *d)
@@ -1242,6 +1254,8 @@ static void maybe_rewrite(struct orr *g, lk_event *ev, struct orc *x, const stru
 		/* where it differs, for PostgreSQL's errors about it (the core checks the rest is the client's) */
 		if (!copy_table && !fill_spans.bad && fill_spans.n > 0 && LK_API_HAS(api, query_text_spans))
 			api->query_text_spans(ev, fill_spans.s, fill_spans.n);
+		if (!copy_table)
+			result_tables(g, ev);
 		if (g->route_log)
 			snprintf(d->target, sizeof(d->target), "%s", res);
 		if (type == 'P')
@@ -1316,6 +1330,7 @@ static bool set_text(struct orr *g, lk_event *ev, struct orc *x, struct decision
 	} else {
 		g->n[N_REWRITTEN]++;
 		pstmt_set(x, name, orig, want);
+		result_tables(g, ev);	/* the statement's and its portal's */
 	}
 	return true;
 }

@@ -370,6 +370,45 @@ def test_row_level_security_rules_or_statement_triggers_keep_statements_on_the_p
         app.sql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
 
 
+def test_row_description_names_the_table_and_its_column_numbers_of_a_leaf_made_after_a_drop(router, app):
+    """A column dropped from a LokaDB table keeps its number in the table and its partitions; a
+    leaf made afterwards (ISOLATE ORG makes it LIKE the DEFAULT partition) numbers the columns after
+    it one less. RowDescription of a statement addressed to that leaf gives the table's OID and the
+    table's column numbers, as the statement on the table does."""
+    db = f"or_attnum_{os.getpid()}"
+    create_app_db(app, db, extra_sql=f"""
+        ALTER TABLE documents ADD COLUMN scratch int;
+        ALTER TABLE documents DROP COLUMN scratch;
+        ALTER TABLE documents ADD COLUMN note text DEFAULT 'n';
+        CREATE TABLE documents_o2_1_new (LIKE documents_o2_1 INCLUDING ALL);
+        INSERT INTO documents_o2_1_new SELECT * FROM documents_o2_1;
+        ALTER TABLE documents_o2 DETACH PARTITION documents_o2_1;
+        DROP TABLE documents_o2_1;
+        ALTER TABLE documents_o2_1_new RENAME TO documents_o2_1;
+        ALTER TABLE documents_o2 ATTACH PARTITION documents_o2_1 FOR VALUES IN (2);
+        GRANT ALL ON documents_o2_1 TO {USER};
+    """)
+    try:
+        with app.connect(dbname=db) as c:
+            c.execute("SELECT lokadb.copy_privileges('documents')")
+        b = router(db=db)
+        sql = "SELECT d.id, d.note, d.title, d.organization_id FROM documents d WHERE d.organization_id = 2 ORDER BY d.id LIMIT 2"
+        cols = lambda res: [(res.ftable(i), res.ftablecol(i)) for i in range(res.nfields)]
+        with app.connect(dbname=db, user=USER) as direct:
+            want = cols(direct.execute(sql).pgresult)
+            leaf = cols(direct.execute(sql.replace("FROM documents d", "FROM documents_o2_1 d")).pgresult)
+        assert [n for _, n in leaf] != [n for _, n in want]       # the numbers do differ on the leaf
+        mark = len(b.log())
+        with psycopg.connect(host="127.0.0.1", port=b.port, dbname="app", user=USER, autocommit=True,
+                             sslmode="disable", gssencmode="disable") as routed:
+            got_extended = cols(routed.execute(sql).pgresult)
+            got_simple = cols(routed.pgconn.exec_(sql.encode()))
+        assert sum("rewrite=leaf" in l for l in route_lines(b, mark)) == 2, route_lines(b, mark)
+        assert got_extended == want and got_simple == want
+    finally:
+        app.sql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+
+
 def test_privileges_of_the_parent_reach_its_leaves_or_keep_statements_on_it(router, app):
     """PostgreSQL checks a statement addressed to a leaf against the leaf's own
     privileges, and a GRANT or REVOKE on a partitioned table does not reach its

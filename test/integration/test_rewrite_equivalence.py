@@ -143,7 +143,6 @@ class Case:
         return self.leaf(org) if callable(self.leaf) else self.leaf
 
 
-F12 = ("FINDING 12: RowDescription gives the leaf's OID as the columns' table, not the table the client named")
 F15 = ("FINDING 15: an error of a rewritten statement is reported on the rewritten text: its position, "
        "and relation names (documents_o2_1), are not the client's")
 
@@ -723,15 +722,56 @@ def test_a_named_statement_bound_after_a_search_path_change(eq_db, eq_lokadb, li
     assert got[1] == got[0], sql
 
 
-@pytest.mark.xfail(strict=True, reason=F12)
-def test_row_description_names_the_table_the_client_named(eq_db, eq_lokadb):
-    sql = "SELECT id, title FROM documents WHERE organization_id = 2 ORDER BY id LIMIT 1"
-    tables = []
-    for port, dbname in ((eq_db.port, EQ_DB), (eq_lokadb.port, "app")):
-        with _conn(port, dbname) as c:
-            res = c.execute(sql).pgresult
-            tables.append([res.ftable(i) for i in range(res.nfields)])
-    assert tables[1] == tables[0], sql
+RD_SQL = ("SELECT d.id, d.title, v.body, p.name, 1 AS one FROM documents d JOIN versions v ON v.document_id = d.id "
+          "AND v.organization_id = d.organization_id JOIN projects p ON p.id = d.project_id "
+          "WHERE d.organization_id = {o} ORDER BY d.id, v.id LIMIT 2")
+
+
+def _described(c, how):
+    """Each RowDescription the client gets for RD_SQL (table OID, column number of each column)."""
+    pg = c.pgconn
+    cols = lambda res: [(res.ftable(i), res.ftablecol(i)) for i in range(res.nfields)]
+    out = []
+    if how == "simple":
+        for org in (2, 5, 1):
+            out.append(cols(pg.exec_(RD_SQL.format(o=org).encode())))
+    elif how == "extended":
+        for org in (2, 5, 1):
+            out.append(cols(c.execute(RD_SQL.format(o="%(o)s"), {"o": org}).pgresult))
+    else:   # a named statement bound for one organization after another, and its Describes
+        pg.prepare(b"rd", RD_SQL.format(o="$1::bigint").encode())
+        for org in (b"2", b"5", None, b"1", b"2", None):
+            out.append(cols(pg.exec_prepared(b"rd", [org]) if org else pg.describe_prepared(b"rd")))
+        pg.exec_(b"DEALLOCATE rd")
+    return out
+
+
+@pytest.mark.parametrize("how", ["simple", "extended", "named"])
+def test_row_description_names_the_table_the_client_named(eq_db, eq_lokadb, how):
+    """RowDescription's table OID and column number (JDBC getBaseTableName, Npgsql GetColumnSchema,
+    editable result grids) are the table's the client named, also when the statement went to a
+    leaf, in every protocol, for a named statement's Describe before and after its Binds."""
+    log = RouteLog(eq_lokadb)
+    mark = log.mark()
+    with _conn(eq_db.port, EQ_DB) as direct, _conn(eq_lokadb.port, "app") as routed:
+        want = _described(direct, how)
+        got = _described(routed, how)
+        leaves = {r[0] for r in routed.execute("SELECT oid FROM pg_class WHERE relname LIKE '%\\_o_\\_%'")}
+    assert sum("rewrite=leaf" in l for l in log.since(mark)) >= 2, "\n".join(log.since(mark))
+    assert want[0][0][0] != 0 and want[0][4] == (0, 0)
+    assert not leaves & {oid for rd in got for oid, _ in rd}
+    assert got == want
+
+
+def test_row_description_through_transaction_pooling(eq_db, eq_lokadb_transaction_pool):
+    """The same through the core's statement cache: two clients, two server connections."""
+    b = eq_lokadb_transaction_pool
+    with _conn(eq_db.port, EQ_DB) as direct, _conn(b.port, "app") as r1, _conn(b.port, "app") as r2:
+        for how in ("simple", "extended", "named"):
+            want = _described(direct, how)
+            assert _described(r1, how) == want, how
+            assert _described(r2, how) == want, how
+    assert any("rewrite=leaf" in l for l in RouteLog(b).since(0))
 
 
 def _pipelined(case_list, port, dbname):

@@ -1,0 +1,228 @@
+/* SPDX-License-Identifier: ISC */
+/*
+ * resulttables.c -- RowDescriptions told about the client's relations (see
+ * resulttables.h).
+ */
+#include "resulttables.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct rt_entry {
+	uint32_t oid, client_oid;	/* oid 0: an empty slot */
+	uint32_t at, n;			/* its column pairs: nums[2 * at ...], n pairs */
+};
+
+struct lk_tables {
+	uint32_t refs;
+	uint32_t mask;			/* slots - 1 */
+	struct rt_entry *slots;
+	int16_t *nums;			/* (number in oid, number in client_oid) pairs */
+};
+
+static uint32_t slot_of(uint32_t oid, uint32_t mask)
+{
+	return (oid * 2654435761u) & mask;
+}
+
+static const struct rt_entry *find(const struct lk_tables *t, uint32_t oid)
+{
+	for (uint32_t i = slot_of(oid, t->mask);; i = (i + 1) & t->mask) {
+		const struct rt_entry *e = &t->slots[i];
+		if (e->oid == oid)
+			return e;
+		if (!e->oid)
+			return NULL;
+	}
+}
+
+/* "3:4,5:6" into pairs at out (NULL: count only). -1: not such a text. */
+static int parse_nums(const char *s, int16_t *out)
+{
+	int n = 0;
+
+	while (*s) {
+		char *end;
+		long a = strtol(s, &end, 10), b;
+		if (end == s || *end != ':' || a <= 0 || a > 32767)
+			return -1;
+		s = end + 1;
+		b = strtol(s, &end, 10);
+		if (end == s || b <= 0 || b > 32767 || (*end && *end != ','))
+			return -1;
+		if (out) {
+			out[2 * n] = (int16_t)a;
+			out[2 * n + 1] = (int16_t)b;
+		}
+		n++;
+		s = *end ? end + 1 : end;
+	}
+	return n;
+}
+
+struct lk_tables *rt_tables_new(const lk_table_oid *t, int n)
+{
+	struct lk_tables *r;
+	uint32_t cap = 4, npairs = 0;
+
+	if (n < 0 || (n && !t))
+		return NULL;
+	for (int i = 0; i < n; i++) {
+		int k = t[i].attnums ? parse_nums(t[i].attnums, NULL) : 0;
+		if (k < 0 || !t[i].oid || !t[i].client_oid)
+			return NULL;
+		npairs += (uint32_t)k;
+	}
+	while (cap < 2 * (uint32_t)n)
+		cap *= 2;
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return NULL;
+	r->refs = 1;
+	r->mask = cap - 1;
+	r->slots = calloc(cap, sizeof(*r->slots));
+	r->nums = malloc(sizeof(int16_t) * 2 * (npairs ? npairs : 1));
+	if (!r->slots || !r->nums) {
+		rt_tables_release(r);
+		return NULL;
+	}
+	npairs = 0;
+	for (int i = 0; i < n; i++) {
+		uint32_t j = slot_of(t[i].oid, r->mask);
+		while (r->slots[j].oid && r->slots[j].oid != t[i].oid)
+			j = (j + 1) & r->mask;
+		r->slots[j].oid = t[i].oid;
+		r->slots[j].client_oid = t[i].client_oid;
+		r->slots[j].at = npairs;
+		r->slots[j].n = t[i].attnums ? (uint32_t)parse_nums(t[i].attnums, r->nums + 2 * npairs) : 0;
+		npairs += r->slots[j].n;
+	}
+	return r;
+}
+
+struct lk_tables *rt_tables_ref(struct lk_tables *t)
+{
+	if (t)
+		t->refs++;
+	return t;
+}
+
+void rt_tables_release(struct lk_tables *t)
+{
+	if (!t || --t->refs)
+		return;
+	free(t->slots);
+	free(t->nums);
+	free(t);
+}
+
+static uint32_t get_u32(const uint8_t *p)
+{
+	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static void put_u32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)(v >> 24);
+	p[1] = (uint8_t)(v >> 16);
+	p[2] = (uint8_t)(v >> 8);
+	p[3] = (uint8_t)v;
+}
+
+/* RowDescription: Int16 count, then per column a name, Int32 table OID,
+ * Int16 column number, Int32 type, Int16 size, Int32 modifier, Int16 format. */
+bool rt_fix_row_description(const struct lk_tables *t, uint8_t *body, uint32_t len)
+{
+	uint32_t off = 2, nf;
+
+	if (len < 2)
+		return false;
+	nf = (uint32_t)body[0] << 8 | body[1];
+	/* checked whole first: a malformed one is left as PostgreSQL sent it */
+	for (uint32_t i = 0; i < nf; i++) {
+		const uint8_t *z = memchr(body + off, 0, len - off);
+		if (!z || len - (uint32_t)(z + 1 - body) < 18)
+			return false;
+		off = (uint32_t)(z + 1 - body) + 18;
+	}
+	off = 2;
+	for (uint32_t i = 0; i < nf; i++) {
+		uint8_t *f = (uint8_t *)memchr(body + off, 0, len - off) + 1;
+		uint32_t oid = get_u32(f);
+		const struct rt_entry *e = oid ? find(t, oid) : NULL;
+		off = (uint32_t)(f - body) + 18;
+		if (!e)
+			continue;
+		put_u32(f, e->client_oid);
+		for (uint32_t k = 0; k < e->n; k++) {
+			int16_t num = (int16_t)(f[4] << 8 | f[5]);
+			if (t->nums[2 * (e->at + k)] == num) {
+				uint16_t to = (uint16_t)t->nums[2 * (e->at + k) + 1];
+				f[4] = (uint8_t)(to >> 8);
+				f[5] = (uint8_t)to;
+				break;
+			}
+		}
+	}
+	return true;
+}
+
+static struct rt_name *name_find(const struct rt_names *r, char kind, const char *name)
+{
+	for (uint32_t i = 0; i < r->n; i++)
+		if (r->v[i].kind == kind && strcmp(r->v[i].name, name) == 0)
+			return &r->v[i];
+	return NULL;
+}
+
+bool rt_names_set(struct rt_names *r, char kind, const char *name, struct lk_tables *t)
+{
+	struct rt_name *e = name_find(r, kind, name ? name : "");
+
+	if (e && t) {
+		rt_tables_ref(t);
+		rt_tables_release(e->t);
+		e->t = t;
+		return true;
+	}
+	if (e) {		/* none now: the last entry takes its place */
+		rt_tables_release(e->t);
+		free(e->name);
+		*e = r->v[--r->n];
+		return true;
+	}
+	if (!t)
+		return true;
+	if (r->n == r->cap) {
+		uint32_t cap = r->cap ? r->cap * 2 : 4;
+		struct rt_name *v = realloc(r->v, sizeof(*v) * cap);
+		if (!v)
+			return false;
+		r->v = v;
+		r->cap = cap;
+	}
+	e = &r->v[r->n];
+	if (!(e->name = strdup(name ? name : "")))
+		return false;
+	e->kind = kind;
+	e->t = rt_tables_ref(t);
+	r->n++;
+	return true;
+}
+
+struct lk_tables *rt_names_get(const struct rt_names *r, char kind, const char *name)
+{
+	const struct rt_name *e = r->n ? name_find(r, kind, name ? name : "") : NULL;
+
+	return e ? e->t : NULL;
+}
+
+void rt_names_free(struct rt_names *r)
+{
+	for (uint32_t i = 0; i < r->n; i++) {
+		rt_tables_release(r->v[i].t);
+		free(r->v[i].name);
+	}
+	free(r->v);
+	memset(r, 0, sizeof(*r));
+}
