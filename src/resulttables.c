@@ -167,12 +167,21 @@ bool rt_fix_row_description(const struct lk_tables *t, uint8_t *body, uint32_t l
 	return true;
 }
 
+/* (newest first: the unnamed portal and statement of each Bind are looked for most) */
 static struct rt_name *name_find(const struct rt_names *r, char kind, const char *name)
 {
-	for (uint32_t i = 0; i < r->n; i++)
+	for (uint32_t i = r->n; i-- > 0;)
 		if (r->v[i].kind == kind && strcmp(r->v[i].name, name) == 0)
 			return &r->v[i];
 	return NULL;
+}
+
+static void name_drop(struct rt_names *r, uint32_t i)
+{
+	rt_tables_release(r->v[i].t);
+	free(r->v[i].name);
+	memmove(&r->v[i], &r->v[i + 1], sizeof(r->v[0]) * (r->n - i - 1));
+	r->n--;
 }
 
 bool rt_names_set(struct rt_names *r, char kind, const char *name, struct lk_tables *t)
@@ -185,14 +194,14 @@ bool rt_names_set(struct rt_names *r, char kind, const char *name, struct lk_tab
 		e->t = t;
 		return true;
 	}
-	if (e) {		/* none now: the last entry takes its place */
-		rt_tables_release(e->t);
-		free(e->name);
-		*e = r->v[--r->n];
+	if (e) {		/* none now */
+		name_drop(r, (uint32_t)(e - r->v));
 		return true;
 	}
 	if (!t)
 		return true;
+	if (r->n == RT_NAMES_MAX)
+		name_drop(r, 0);	/* the oldest */
 	if (r->n == r->cap) {
 		uint32_t cap = r->cap ? r->cap * 2 : 4;
 		struct rt_name *v = realloc(r->v, sizeof(*v) * cap);

@@ -29,7 +29,13 @@ void rt_tables_release(struct lk_tables *t);		/* accepts NULL */
 /* A RowDescription's body (len bytes) in place. false: malformed (left as it was). */
 bool rt_fix_row_description(const struct lk_tables *t, uint8_t *body, uint32_t len);
 
-/* A client's statement ('S') and portal ('P') names that have tables. */
+/*
+ * A client's statement ('S') and portal ('P') names that have tables: the
+ * most recent RT_NAMES_MAX (a name Parsed again or Closed is forgotten; a
+ * driver that drops its statements with SQL DEALLOCATE, as psycopg does,
+ * sends no Close, so the oldest go first).
+ */
+#define RT_NAMES_MAX 64
 struct rt_names {
 	struct rt_name {
 		char kind;

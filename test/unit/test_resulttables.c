@@ -7,6 +7,7 @@
 #include "resulttables.h"
 #include "unit.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -107,6 +108,16 @@ static bool test_names_keep_a_reference_until_forgotten(void)
 	CHECK(rt_names_set(&r, 'S', "s1", NULL));	/* Close, or a Parse without tables */
 	CHECK(rt_names_get(&r, 'S', "s1") == NULL && rt_names_get(&r, 'S', "") != NULL && r.n == 2);
 	CHECK(rt_names_set(&r, 'S', "nothing", NULL) && r.n == 2);
+	/* a driver that never Closes: the most recent names are kept */
+	m = rt_tables_ref(rt_names_get(&r, 'S', ""));
+	for (int i = 0; i < 3 * RT_NAMES_MAX; i++) {
+		char name[16];
+		snprintf(name, sizeof(name), "_pg3_%d", i);
+		CHECK(rt_names_set(&r, 'S', name, m));
+	}
+	CHECK(r.n == RT_NAMES_MAX);
+	CHECK(rt_names_get(&r, 'S', "_pg3_191") != NULL && rt_names_get(&r, 'S', "_pg3_128") != NULL);
+	CHECK(rt_names_get(&r, 'S', "_pg3_127") == NULL && rt_names_get(&r, 'S', "") == NULL);
 end:
 	rt_names_free(&r);
 	rt_tables_release(m);
