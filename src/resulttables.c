@@ -5,6 +5,7 @@
  */
 #include "resulttables.h"
 
+#include <arpa/inet.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -118,19 +119,43 @@ void rt_tables_release(struct lk_tables *t)
 
 static uint32_t get_u32(const uint8_t *p)
 {
-	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+	uint32_t v;
+
+	memcpy(&v, p, 4);
+	return ntohl(v);
 }
 
 static void put_u32(uint8_t *p, uint32_t v)
 {
-	p[0] = (uint8_t)(v >> 24);
-	p[1] = (uint8_t)(v >> 16);
-	p[2] = (uint8_t)(v >> 8);
-	p[3] = (uint8_t)v;
+	v = htonl(v);
+	memcpy(p, &v, 4);
+}
+
+/* The offset of the NUL ending the string at body[off], or len: eight bytes at a time (names are short). */
+static uint32_t name_end(const uint8_t *body, uint32_t off, uint32_t len)
+{
+	while (len - off >= 8) {
+		uint64_t v, z;
+		memcpy(&v, body + off, 8);
+		z = (v - 0x0101010101010101ull) & ~v & 0x8080808080808080ull;
+		if (z) {
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+			return off + (uint32_t)(__builtin_ctzll(z) >> 3);
+#else
+			break;
+#endif
+		}
+		off += 8;
+	}
+	while (off < len && body[off])
+		off++;
+	return off;
 }
 
 /* RowDescription: Int16 count, then per column a name, Int32 table OID,
- * Int16 column number, Int32 type, Int16 size, Int32 modifier, Int16 format. */
+ * Int16 column number, Int32 type, Int16 size, Int32 modifier, Int16 format.
+ * One pass (a RowDescription cut short, which PostgreSQL does not send,
+ * may be left changed up to where it ends). */
 bool rt_fix_row_description(const struct lk_tables *t, uint8_t *body, uint32_t len)
 {
 	uint32_t off = 2, nf;
@@ -138,20 +163,17 @@ bool rt_fix_row_description(const struct lk_tables *t, uint8_t *body, uint32_t l
 	if (len < 2)
 		return false;
 	nf = (uint32_t)body[0] << 8 | body[1];
-	/* checked whole first: a malformed one is left as PostgreSQL sent it */
 	for (uint32_t i = 0; i < nf; i++) {
-		const uint8_t *z = memchr(body + off, 0, len - off);
-		if (!z || len - (uint32_t)(z + 1 - body) < 18)
+		const struct rt_entry *e;
+		uint8_t *f;
+		uint32_t oid;
+		off = name_end(body, off, len);
+		if (len - off < 19)
 			return false;
-		off = (uint32_t)(z + 1 - body) + 18;
-	}
-	off = 2;
-	for (uint32_t i = 0; i < nf; i++) {
-		uint8_t *f = (uint8_t *)memchr(body + off, 0, len - off) + 1;
-		uint32_t oid = get_u32(f);
-		const struct rt_entry *e = oid ? find(t, oid) : NULL;
-		off = (uint32_t)(f - body) + 18;
-		if (!e)
+		f = body + off + 1;
+		off += 19;
+		oid = get_u32(f);
+		if (!oid || !(e = find(t, oid)))
 			continue;
 		put_u32(f, e->client_oid);
 		for (uint32_t k = 0; k < e->n; k++) {

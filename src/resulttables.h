@@ -26,7 +26,7 @@ struct lk_tables *rt_tables_new(const lk_table_oid *t, int n);
 struct lk_tables *rt_tables_ref(struct lk_tables *t);	/* accepts NULL */
 void rt_tables_release(struct lk_tables *t);		/* accepts NULL */
 
-/* A RowDescription's body (len bytes) in place. false: malformed (left as it was). */
+/* A RowDescription's body (len bytes) in place. false: malformed (cut short). */
 bool rt_fix_row_description(const struct lk_tables *t, uint8_t *body, uint32_t len);
 
 /*

@@ -36,13 +36,13 @@ static size_t row_description(uint8_t *b, int n, const char *const *names, const
 
 static uint32_t oid_at(const uint8_t *b, const char *name)
 {
-	const uint8_t *f = (const uint8_t *)memmem(b, 200, name, strlen(name) + 1) + strlen(name) + 1;
+	const uint8_t *f = (const uint8_t *)memmem(b, 400, name, strlen(name) + 1) + strlen(name) + 1;
 	return (uint32_t)f[0] << 24 | (uint32_t)f[1] << 16 | (uint32_t)f[2] << 8 | f[3];
 }
 
 static int num_at(const uint8_t *b, const char *name)
 {
-	const uint8_t *f = (const uint8_t *)memmem(b, 200, name, strlen(name) + 1) + strlen(name) + 1;
+	const uint8_t *f = (const uint8_t *)memmem(b, 400, name, strlen(name) + 1) + strlen(name) + 1;
 	return f[4] << 8 | f[5];
 }
 
@@ -50,11 +50,11 @@ static bool test_partition_columns_become_their_tables(void)
 {
 	bool ok = true;
 	const lk_table_oid t[] = { { 7001, 500, NULL }, { 7002, 600, "6:7,7:8" } };
-	const char *const names[] = { "id", "note", "body", "one", "title" };
-	const uint32_t oids[] = { 7001, 7002, 9000, 0, 7002 };
-	const int16_t nums[] = { 2, 6, 3, 0, 2 };
-	uint8_t b[256], before[256];
-	size_t n = row_description(b, 5, names, oids, nums);
+	const char *const names[] = { "id", "note", "body", "one", "title", "exactly8", "a_column_name_of_31_characters_", "" };
+	const uint32_t oids[] = { 7001, 7002, 9000, 0, 7002, 7001, 7002, 7001 };
+	const int16_t nums[] = { 2, 6, 3, 0, 2, 5, 7, 1 };
+	uint8_t b[512], before[512];
+	size_t n = row_description(b, 8, names, oids, nums);
 	struct lk_tables *m = rt_tables_new(t, 2);
 
 	CHECK(m != NULL);
@@ -65,13 +65,18 @@ static bool test_partition_columns_become_their_tables(void)
 	CHECK(oid_at(b, "title") == 600 && num_at(b, "title") == 2);	/* one that does not */
 	CHECK(oid_at(b, "body") == 9000 && num_at(b, "body") == 3);	/* another relation's */
 	CHECK(oid_at(b, "one") == 0);					/* no relation's */
+	CHECK(oid_at(b, "exactly8") == 500 && num_at(b, "exactly8") == 5);
+	CHECK(oid_at(b, "a_column_name_of_31_characters_") == 600 && num_at(b, "a_column_name_of_31_characters_") == 8);
+	CHECK(b[n - 18] == 0 && b[n - 17] == 0 && b[n - 16] == 0x01 && b[n - 15] == 0xf4);	/* "": 500 */
 	/* done twice: the same (a RowDescription waited for is looked at again) */
 	CHECK(rt_fix_row_description(m, b, (uint32_t)n));
 	CHECK(oid_at(b, "note") == 600 && num_at(b, "note") == 7);
-	/* a cut one is left as it came */
+	/* a cut one is refused, and nothing past its end is read or written */
 	memcpy(b, before, n);
+	b[n - 3] = 0x5a;
 	CHECK(!rt_fix_row_description(m, b, (uint32_t)n - 3));
-	CHECK(memcmp(b, before, n) == 0);
+	CHECK(b[n - 3] == 0x5a);
+	CHECK(!rt_fix_row_description(m, b, 1));
 end:
 	rt_tables_release(m);
 	return ok;
