@@ -195,6 +195,7 @@ void mc_cat_free(struct mc_cat *cat)
 	free(cat->tables);
 	free(cat->orgs);
 	free(cat->parts);
+	free(cat->rels);
 	for (ch = cat->strings; ch != NULL; ch = next) {
 		next = ch->next;
 		free(ch);
@@ -223,7 +224,16 @@ static uint64_t row_hash(const PGresult *r, int i)
 	return h;
 }
 
-/* Copy row `i` (kind t, o, p or s) into the catalog. 0, or -1 when out of memory. */
+/* An OID's text, or 0. */
+static uint32_t oid_of(const char *s)
+{
+	char *end;
+	unsigned long v = strtoul(s, &end, 10);
+
+	return *s && !*end && v <= UINT32_MAX ? (uint32_t)v : 0;
+}
+
+/* Copy row `i` (kind t, o, p, r or s) into the catalog. 0, or -1 when out of memory. */
 static int add_row(struct mc_cat *cat, const PGresult *r, int i)
 {
 	const char *kind = PQgetvalue(r, i, 0);
@@ -259,17 +269,14 @@ static int add_row(struct mc_cat *cat, const PGresult *r, int i)
 		if (f[2] == NULL)
 			return 0;
 		p = &cat->parts[cat->n_parts++];
-		*p = (struct mc_part){ f[0], f[1], f[2], f[3], f[4], 0, 0, NULL };
-		if (f[5] && f[6]) {	/* "oid", "oid[;attnums]" */
-			char *end;
-			unsigned long lo = strtoul(f[5], &end, 10), to = *end ? 0 : strtoul(f[6], &end, 10);
-			if (lo && to && lo <= UINT32_MAX && to <= UINT32_MAX && (*end == '\0' || *end == ';')) {
-				p->leaf_oid = (uint32_t)lo;
-				p->table_oid = (uint32_t)to;
-				p->attnums = *end == ';' && end[1] ? end + 1 : NULL;
-			}
-		}
+		*p = (struct mc_part){ f[0], f[1], f[2], f[3], f[4] };
 		map_put(&cat->by_part, p->schema, p->name, p->org_id, p);
+		break;
+	}
+	case 'r': {
+		uint32_t oid = oid_of(f[0]), table_oid = oid_of(f[1]);
+		if (oid && table_oid)
+			cat->rels[cat->n_rels++] = (struct mc_rel){ oid, table_oid, f[2] };
 		break;
 	}
 	case 's':
@@ -283,7 +290,7 @@ static int add_row(struct mc_cat *cat, const PGresult *r, int i)
 struct mc_cat *mc_cat_build(const struct pg_result *res, char *err, size_t errlen)
 {
 	const PGresult *r = (const PGresult *)res;
-	size_t counts[4] = { 0, 0, 0, 0 };	/* t, o, p, s */
+	size_t counts[5] = { 0, 0, 0, 0, 0 };	/* t, o, p, s, r */
 	struct mc_cat *cat;
 	int n, i, have_v = 0;
 
@@ -294,10 +301,10 @@ struct mc_cat *mc_cat_build(const struct pg_result *res, char *err, size_t errle
 	n = PQntuples(r);
 	for (i = 0; i < n; i++) {
 		const char *k = PQgetvalue(r, i, 0);
-		const char *at = strchr("tops", k[0]);
+		const char *at = strchr("topsr", k[0]);
 
 		if (k[0] != '\0' && at != NULL)
-			counts[at - "tops"]++;
+			counts[at - "topsr"]++;
 	}
 	cat = calloc(1, sizeof(*cat));
 	if (cat == NULL)
@@ -305,7 +312,8 @@ struct mc_cat *mc_cat_build(const struct pg_result *res, char *err, size_t errle
 	cat->tables = calloc(counts[0] + 1, sizeof(*cat->tables));
 	cat->orgs = calloc(counts[1] + 1, sizeof(*cat->orgs));
 	cat->parts = calloc(counts[2] + 1, sizeof(*cat->parts));
-	if (cat->tables == NULL || cat->orgs == NULL || cat->parts == NULL ||
+	cat->rels = calloc(counts[4] + 1, sizeof(*cat->rels));
+	if (cat->tables == NULL || cat->orgs == NULL || cat->parts == NULL || cat->rels == NULL ||
 	    map_init(&cat->by_table, counts[0]) != 0 || map_init(&cat->by_org, counts[1]) != 0 ||
 	    map_init(&cat->by_part, counts[2]) != 0 || map_init(&cat->shadows, counts[3]) != 0)
 		goto oom;

@@ -27,9 +27,12 @@ struct pg_result;
  *   v  version, oid of lokadb.meta             (exactly one row)
  *   t  schema, table, org_column, org_type, default_part
  *   o  id, name, state, site, profile, isolated, paused
- *   p  schema, table, org_id, container, leaf, leaf's oid, table's oid[;attnums]
- *      (attnums: "leaf:table,..." column numbers that differ, when the
- *      table had columns dropped before the leaf was made)
+ *   p  schema, table, org_id, container, leaf
+ *   r  oid of a LokaDB table's leaf partition (under a container), oid of
+ *      the table, attnums ("leaf:table,..." the column numbers that differ,
+ *      or NULL; looked for only in a table with dropped columns, for a leaf
+ *      with another relnatts: a leaf made after a DROP COLUMN numbers the
+ *      columns after it one less)
  *   s  schema, name: any relation named like a LokaDB table (search_path shadows)
  * A missing schema or table fails it with 3F000 / 42P01: "not installed".
  */
@@ -111,16 +114,20 @@ struct pg_result;
 	" t.org_type::text, t.default_part::text, " MC_GUARD_EXPR ", NULL FROM lokadb.tables t" \
 	" UNION ALL SELECT 'o', id::text, name::text, state::text, site::text, profile::text,"   \
 	" isolated::text, paused::text FROM lokadb.orgs"                                         \
-	" UNION ALL SELECT 'p', p.schema_name::text, p.table_name::text, p.org_id::text,"       \
-	" p.container::text, p.leaf::text, l.oid::text, c.oid::text || coalesce(';' || CASE"    \
-	" WHEN l.relnatts <> c.relnatts THEN (SELECT string_agg(la.attnum || ':' || pa.attnum,"  \
-	" ',' ORDER BY la.attnum) FROM pg_catalog.pg_attribute la JOIN pg_catalog.pg_attribute"  \
-	" pa ON pa.attrelid = c.oid AND pa.attname = la.attname WHERE la.attrelid = l.oid"       \
-	" AND la.attnum > 0 AND NOT la.attisdropped AND la.attnum <> pa.attnum) END, '')"        \
-	" FROM lokadb.partitions p LEFT JOIN pg_catalog.pg_namespace n"                           \
-	" ON n.nspname = p.schema_name LEFT JOIN pg_catalog.pg_class c"                           \
-	" ON c.relnamespace = n.oid AND c.relname = p.table_name LEFT JOIN pg_catalog.pg_class l" \
-	" ON l.relnamespace = n.oid AND l.relname = p.leaf"                                       \
+	" UNION ALL SELECT 'p', schema_name::text, table_name::text, org_id::text,"              \
+	" container::text, leaf::text, NULL, NULL FROM lokadb.partitions"                        \
+	" UNION ALL SELECT 'r', i2.inhrelid::text, c.oid::text, CASE WHEN c.dropped AND"         \
+	" (SELECT l.relnatts FROM pg_catalog.pg_class l WHERE l.oid = i2.inhrelid) <> c.relnatts THEN" \
+	" (SELECT string_agg(la.attnum || ':' || pa.attnum, ',' ORDER BY la.attnum)"            \
+	" FROM pg_catalog.pg_attribute la JOIN pg_catalog.pg_attribute pa ON pa.attrelid = c.oid" \
+	" AND pa.attname = la.attname WHERE la.attrelid = i2.inhrelid AND la.attnum > 0"         \
+	" AND NOT la.attisdropped AND la.attnum <> pa.attnum) END, NULL, NULL, NULL, NULL"       \
+	" FROM (SELECT c.oid, c.relnatts, EXISTS (SELECT FROM pg_catalog.pg_attribute a WHERE a.attrelid =" \
+	" c.oid AND a.attnum > 0 AND a.attisdropped) AS dropped FROM lokadb.tables t"            \
+	" JOIN pg_catalog.pg_namespace n ON n.nspname = t.schema_name JOIN pg_catalog.pg_class c" \
+	" ON c.relnamespace = n.oid AND c.relname = t.table_name OFFSET 0) c"                    \
+	" JOIN pg_catalog.pg_inherits i1 ON i1.inhparent = c.oid"                                 \
+	" JOIN pg_catalog.pg_inherits i2 ON i2.inhparent = i1.inhrelid"                           \
 	" UNION ALL SELECT 's', n.nspname::text, c.relname::text, NULL, NULL, NULL, NULL, NULL"  \
 	" FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"   \
 	" WHERE c.relname IN (SELECT table_name FROM lokadb.tables)"                             \
@@ -154,7 +161,11 @@ struct mc_map {
 /* One isolated organization's partition of one LokaDB table. */
 struct mc_part {
 	const char *schema, *name, *org_id, *container, *leaf;
-	uint32_t leaf_oid, table_oid;	/* 0: not known (the relation is missing) */
+};
+
+/* A leaf partition of a LokaDB table (row `r`): what RowDescription names. */
+struct mc_rel {
+	uint32_t oid, table_oid;
 	const char *attnums;		/* lk_table_oid's, or NULL */
 };
 
@@ -164,11 +175,12 @@ struct mc_chunk;
  * mc_cat_org's last answer); freed with mc_cat_free(). */
 struct mc_cat {
 	struct mc_ident id;
-	size_t n_tables, n_orgs, n_parts, n_shadows;
+	size_t n_tables, n_orgs, n_parts, n_shadows, n_rels;
 	uint64_t fingerprint;		/* of every row, in any order: did anything change? */
 	struct mc_table *tables;
 	struct mc_org *orgs;
 	struct mc_part *parts;
+	struct mc_rel *rels;
 	struct mc_map by_table;		/* (schema, name) -> struct mc_table */
 	struct mc_map by_org;		/* (id) -> struct mc_org */
 	struct mc_map by_part;		/* (schema, name, org_id) -> struct mc_part */

@@ -1092,14 +1092,13 @@ static lk_tables *svc_result_tables(void)
 
 	if (!svc_ready() || !LK_API_HAS(api, tables_new))
 		return NULL;
-	if (st->rtables || st->cat->n_parts == 0)
+	if (st->rtables || st->cat->n_rels == 0)
 		return st->rtables;
-	if (!(v = malloc(sizeof(*v) * st->cat->n_parts)))
+	if (!(v = malloc(sizeof(*v) * st->cat->n_rels)))
 		return NULL;
-	for (size_t i = 0; i < st->cat->n_parts; i++) {
-		const struct mc_part *p = &st->cat->parts[i];
-		if (p->leaf_oid && p->table_oid)
-			v[n++] = (lk_table_oid){ p->leaf_oid, p->table_oid, p->attnums };
+	for (size_t i = 0; i < st->cat->n_rels; i++) {
+		const struct mc_rel *r = &st->cat->rels[i];
+		v[n++] = (lk_table_oid){ r->oid, r->table_oid, r->attnums };
 	}
 	st->rtables = api->tables_new(v, n);
 	free(v);
