@@ -763,6 +763,24 @@ def test_row_description_names_the_table_the_client_named(eq_db, eq_lokadb, how)
     assert got == want
 
 
+def test_a_row_description_larger_than_a_read_is_renamed_whole(eq_db, eq_lokadb):
+    """A RowDescription of 1,600 columns (about 100 KB with these names) arrives over several reads:
+    lokadb waits for all of it before it renames its columns, and the rows follow it intact."""
+    cols = ", ".join(f"d.title AS title_with_a_long_name_to_make_the_message_large_{i:04d}" for i in range(1600))
+    sql = f"SELECT d.id, {cols} FROM documents d WHERE d.organization_id = 2 ORDER BY d.id LIMIT 3"
+    log = RouteLog(eq_lokadb)
+    mark = log.mark()
+    got = []
+    for port, dbname in ((eq_db.port, EQ_DB), (eq_lokadb.port, "app")):
+        with _conn(port, dbname) as c:
+            res = c.pgconn.exec_(sql.encode())
+            got.append(([(res.ftable(i), res.ftablecol(i), res.fname(i)) for i in range(res.nfields)],
+                        [[res.get_value(r, k) for k in range(res.nfields)] for r in range(res.ntuples)]))
+    assert any("rewrite=leaf" in l for l in log.since(mark))
+    assert len(got[0][0]) == 1601 and len(got[0][1]) == 3
+    assert got[1] == got[0]
+
+
 def test_row_description_through_transaction_pooling(eq_db, eq_lokadb_transaction_pool):
     """The same through the core's statement cache: two clients, two server connections."""
     b = eq_lokadb_transaction_pool
