@@ -321,6 +321,10 @@ def test_move_two_orgs_offline_to_two_sites(env):
 
     # results through the proxy equal those of before the move; org 3 (cloud) unaffected
     assert reads(app, 1, max_id) == before[1]
+    # described as the table's columns, not its foreign partition's (RowDescription's table OID)
+    table_oid = e.cloud_sql("SELECT 'documents'::regclass::oid")[0][0]
+    res = app.execute("SELECT id, title FROM documents WHERE organization_id = 1 ORDER BY id LIMIT 1").pgresult
+    assert [res.ftable(i) for i in range(res.nfields)] == [table_oid, table_oid]
     assert reads(app, 2) == before[2]
     assert reads(app, 3) == before[3]
 
