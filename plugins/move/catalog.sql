@@ -207,6 +207,8 @@ DECLARE
 	n integer := 0;
 	v text;
 	g record;
+	grp record;
+	names text;
 	was text := coalesce(current_setting('lokadb.copying_privileges', true), '');
 BEGIN
 	SELECT lt.* INTO t FROM lokadb.tables lt
@@ -216,7 +218,42 @@ BEGIN
 	END IF;
 	SELECT pg_catalog.pg_get_userbyid(relowner) INTO owner FROM pg_catalog.pg_class WHERE oid = rel;
 	PERFORM pg_catalog.set_config('lokadb.copying_privileges', 'on', true);	-- (its ALTER ... OWNER too)
-	-- (owner and ACL as they are first: PostgreSQL compares them without a
+	-- The usual case, a GRANT or REVOKE on the parent: its partitions of the
+	-- parent's owner, all with the same ACL (the parent's before), and no
+	-- column privileges anywhere. The difference is computed once per such
+	-- group and each GRANT or REVOKE names up to 1,000 partitions: at 20,000
+	-- partitions 1 s instead of 5 (a statement per partition).
+	FOR grp IN SELECT pc.relacl, pg_catalog.array_agg(pc.oid::regclass::text) AS rels
+		   FROM lokadb.partitions p,
+			LATERAL (VALUES (p.container), (p.leaf)) v(r),
+			pg_catalog.pg_namespace pn, pg_catalog.pg_class pc, pg_catalog.pg_class c
+		   WHERE p.schema_name = t.schema_name AND p.table_name = t.table_name
+		   AND pn.nspname = p.schema_name AND pc.relnamespace = pn.oid AND pc.relname = v.r AND c.oid = rel
+		   AND pc.relowner = c.relowner AND pc.relacl IS DISTINCT FROM c.relacl
+		   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
+				   WHERE a.attrelid IN (c.oid, pc.oid) AND a.attacl IS NOT NULL)
+		   GROUP BY pc.relacl LOOP
+		FOR g IN SELECT 0 AS step, * FROM (SELECT * FROM lokadb.table_privileges(grp.rels[1]::regclass)
+						   EXCEPT SELECT * FROM lokadb.table_privileges(rel)) x
+			 UNION ALL SELECT 1, * FROM (SELECT * FROM lokadb.table_privileges(rel)
+						     EXCEPT SELECT * FROM lokadb.table_privileges(grp.rels[1]::regclass)) y
+			 ORDER BY 1 LOOP
+			FOR i IN 0 .. (pg_catalog.cardinality(grp.rels) - 1) / 1000 LOOP
+				names := pg_catalog.array_to_string(grp.rels[i * 1000 + 1 : i * 1000 + 1000], ', ');
+				IF g.step = 0 THEN
+					EXECUTE pg_catalog.format('REVOKE %s ON TABLE %s FROM %s CASCADE', g.privilege_type,
+								  names, lokadb.grantee(g.grantee));
+				ELSE
+					EXECUTE pg_catalog.format('GRANT %s ON TABLE %s TO %s%s', g.privilege_type, names,
+								  lokadb.grantee(g.grantee),
+								  CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+				END IF;
+			END LOOP;
+		END LOOP;
+		n := n + pg_catalog.cardinality(grp.rels);
+	END LOOP;
+	-- Then each partition that still differs (another owner, column
+	-- privileges, several grantors). (owner and ACL as they are first: PostgreSQL compares them without a
 	-- function call per partition, and they are equal where nothing changed)
 	FOR part IN SELECT DISTINCT pc.oid::regclass AS rel, pc.relowner <> c.relowner AS other_owner,
 			       CASE WHEN pc.relkind = 'f' THEN 'FOREIGN TABLE' ELSE 'TABLE' END AS kind
