@@ -84,14 +84,6 @@ struct peer_group {
 	uint64_t dropped;		/* requests not forwarded: unknown peer, no hop left, queue full, failed */
 };
 
-static void put_u32(uint8_t *p, uint32_t v)
-{
-	p[0] = (uint8_t)(v >> 24);
-	p[1] = (uint8_t)(v >> 16);
-	p[2] = (uint8_t)(v >> 8);
-	p[3] = (uint8_t)v;
-}
-
 static int key_peer_id(const uint8_t *key)
 {
 	return ((key[0] & KEY_ID_HIGH_MASK) << 8) | key[1];
@@ -289,8 +281,8 @@ static void forward(struct peer *p, const uint8_t *key, int hops)
 	r = xcalloc(1, sizeof(*r));
 	r->peer = p;
 	r->arrived = now_mono();
-	put_u32(r->pkt, 16);
-	put_u32(r->pkt + 4, PROTO_CANCEL_CODE);
+	pkt_set_u32(r->pkt, 16);
+	pkt_set_u32(r->pkt + 4, PROTO_CANCEL_CODE);
 	memcpy(r->pkt + 8, key, 8);
 	key_set(r->pkt + 8, p->id, hops - 1);
 	rt->peers->forwarded++;

@@ -75,5 +75,18 @@ static inline uint16_t pkt_get_u16(const uint8_t *p)
 {
 	return (uint16_t)((p[0] << 8) | p[1]);
 }
+/* ... and writes, in place. */
+static inline void pkt_set_u32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)(v >> 24);
+	p[1] = (uint8_t)(v >> 16);
+	p[2] = (uint8_t)(v >> 8);
+	p[3] = (uint8_t)v;
+}
+static inline void pkt_set_u16(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)(v >> 8);
+	p[1] = (uint8_t)v;
+}
 
 #endif

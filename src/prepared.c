@@ -812,10 +812,7 @@ int ps_bind(struct client *c, const uint8_t *msg, uint32_t have, uint32_t mlen, 
 	{
 		uint32_t total = mlen - 1 - (off - name_off) + (uint32_t)nl;
 		uint8_t *lp = rt->pb.data + rt->pb.len - (5 + (name_off - 5) + nl) + 1;
-		lp[0] = (uint8_t)(total >> 24);
-		lp[1] = (uint8_t)(total >> 16);
-		lp[2] = (uint8_t)(total >> 8);
-		lp[3] = (uint8_t)total;
+		pkt_set_u32(lp, total);
 	}
 	if (!server_expect(c->link, 'B', RQ_FWD)) {
 		pkt_reset(&rt->pb);

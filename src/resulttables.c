@@ -4,8 +4,8 @@
  * resulttables.h).
  */
 #include "resulttables.h"
+#include "pktbuf.h"
 
-#include <arpa/inet.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -117,20 +117,6 @@ void rt_tables_release(struct lk_tables *t)
 	free(t);
 }
 
-static uint32_t get_u32(const uint8_t *p)
-{
-	uint32_t v;
-
-	memcpy(&v, p, 4);
-	return ntohl(v);
-}
-
-static void put_u32(uint8_t *p, uint32_t v)
-{
-	v = htonl(v);
-	memcpy(p, &v, 4);
-}
-
 /* The offset of the NUL ending the string at body[off], or len: eight bytes at a time (names are short). */
 static uint32_t name_end(const uint8_t *body, uint32_t off, uint32_t len)
 {
@@ -162,7 +148,7 @@ bool rt_fix_row_description(const struct lk_tables *t, uint8_t *body, uint32_t l
 
 	if (len < 2)
 		return false;
-	nf = (uint32_t)body[0] << 8 | body[1];
+	nf = pkt_get_u16(body);
 	for (uint32_t i = 0; i < nf; i++) {
 		const struct rt_entry *e;
 		uint8_t *f;
@@ -172,16 +158,13 @@ bool rt_fix_row_description(const struct lk_tables *t, uint8_t *body, uint32_t l
 			return false;
 		f = body + off + 1;
 		off += 19;
-		oid = get_u32(f);
+		oid = pkt_get_u32(f);
 		if (!oid || !(e = find(t, oid)))
 			continue;
-		put_u32(f, e->client_oid);
+		pkt_set_u32(f, e->client_oid);
 		for (uint32_t k = 0; k < e->n; k++) {
-			int16_t num = (int16_t)(f[4] << 8 | f[5]);
-			if (t->nums[2 * (e->at + k)] == num) {
-				uint16_t to = (uint16_t)t->nums[2 * (e->at + k) + 1];
-				f[4] = (uint8_t)(to >> 8);
-				f[5] = (uint8_t)to;
+			if (t->nums[2 * (e->at + k)] == (int16_t)pkt_get_u16(f + 4)) {
+				pkt_set_u16(f + 4, (uint16_t)t->nums[2 * (e->at + k) + 1]);
 				break;
 			}
 		}

@@ -193,6 +193,30 @@ BEGIN
 	PERFORM set_config('lokadb.copying_privileges', was, true);
 END $$;
 
+-- Give the relations `names` (comma-separated, each with the table
+-- privileges of `was_like`) the table privileges of `src`: one REVOKE or
+-- GRANT per privilege that differs, REVOKEs first.
+CREATE OR REPLACE FUNCTION lokadb.grant_difference(src regclass, was_like regclass, names text)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+	g record;
+BEGIN
+	FOR g IN SELECT 0 AS step, * FROM (SELECT * FROM lokadb.table_privileges(was_like)
+					   EXCEPT SELECT * FROM lokadb.table_privileges(src)) x
+		 UNION ALL SELECT 1, * FROM (SELECT * FROM lokadb.table_privileges(src)
+					     EXCEPT SELECT * FROM lokadb.table_privileges(was_like)) y
+		 ORDER BY 1 LOOP
+		IF g.step = 0 THEN
+			EXECUTE pg_catalog.format('REVOKE %s ON TABLE %s FROM %s CASCADE', g.privilege_type, names,
+						  lokadb.grantee(g.grantee));
+		ELSE
+			EXECUTE pg_catalog.format('GRANT %s ON TABLE %s TO %s%s', g.privilege_type, names,
+						  lokadb.grantee(g.grantee),
+						  CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+		END IF;
+	END LOOP;
+END $$;
+
 -- Give every partition (container and leaf) of the LokaDB table `rel` the
 -- owner and the privileges of the parent, as ISOLATE ORG made them. Run by
 -- the event trigger after GRANT, REVOKE and ALTER TABLE; by hand (the
@@ -206,9 +230,7 @@ DECLARE
 	owner name;
 	n integer := 0;
 	v text;
-	g record;
 	grp record;
-	names text;
 	was text := coalesce(current_setting('lokadb.copying_privileges', true), '');
 BEGIN
 	SELECT lt.* INTO t FROM lokadb.tables lt
@@ -233,22 +255,9 @@ BEGIN
 		   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
 				   WHERE a.attrelid IN (c.oid, pc.oid) AND a.attacl IS NOT NULL)
 		   GROUP BY pc.relacl LOOP
-		FOR g IN SELECT 0 AS step, * FROM (SELECT * FROM lokadb.table_privileges(grp.rels[1]::regclass)
-						   EXCEPT SELECT * FROM lokadb.table_privileges(rel)) x
-			 UNION ALL SELECT 1, * FROM (SELECT * FROM lokadb.table_privileges(rel)
-						     EXCEPT SELECT * FROM lokadb.table_privileges(grp.rels[1]::regclass)) y
-			 ORDER BY 1 LOOP
-			FOR i IN 0 .. (pg_catalog.cardinality(grp.rels) - 1) / 1000 LOOP
-				names := pg_catalog.array_to_string(grp.rels[i * 1000 + 1 : i * 1000 + 1000], ', ');
-				IF g.step = 0 THEN
-					EXECUTE pg_catalog.format('REVOKE %s ON TABLE %s FROM %s CASCADE', g.privilege_type,
-								  names, lokadb.grantee(g.grantee));
-				ELSE
-					EXECUTE pg_catalog.format('GRANT %s ON TABLE %s TO %s%s', g.privilege_type, names,
-								  lokadb.grantee(g.grantee),
-								  CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
-				END IF;
-			END LOOP;
+		FOR i IN 0 .. (pg_catalog.cardinality(grp.rels) - 1) / 1000 LOOP
+			PERFORM lokadb.grant_difference(rel, grp.rels[1]::regclass,
+							pg_catalog.array_to_string(grp.rels[i * 1000 + 1 : i * 1000 + 1000], ', '));
 		END LOOP;
 		n := n + pg_catalog.cardinality(grp.rels);
 	END LOOP;
@@ -272,20 +281,7 @@ BEGIN
 		-- the table privileges that differ, one statement each (after a GRANT
 		-- or REVOKE on the parent, one), REVOKEs first; then, if anything
 		-- still differs (column privileges, several grantors), all of them
-		FOR g IN SELECT 0 AS step, * FROM (SELECT * FROM lokadb.table_privileges(part.rel)
-						   EXCEPT SELECT * FROM lokadb.table_privileges(rel)) x
-			 UNION ALL SELECT 1, * FROM (SELECT * FROM lokadb.table_privileges(rel)
-						     EXCEPT SELECT * FROM lokadb.table_privileges(part.rel)) y
-			 ORDER BY 1 LOOP
-			IF g.step = 0 THEN
-				EXECUTE pg_catalog.format('REVOKE %s ON TABLE %s FROM %s CASCADE', g.privilege_type, part.rel,
-							  lokadb.grantee(g.grantee));
-			ELSE
-				EXECUTE pg_catalog.format('GRANT %s ON TABLE %s TO %s%s', g.privilege_type, part.rel,
-							  lokadb.grantee(g.grantee),
-							  CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
-			END IF;
-		END LOOP;
+		PERFORM lokadb.grant_difference(rel, part.rel, part.rel::text);
 		IF lokadb.privileges_of(part.rel) <> lokadb.privileges_of(rel) THEN
 			PERFORM lokadb.copy_acl(rel, part.rel);
 		END IF;
