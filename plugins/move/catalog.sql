@@ -195,11 +195,12 @@ END $$;
 
 -- Give the relations `names` (comma-separated, each with the table
 -- privileges of `was_like`) the table privileges of `src`: one REVOKE or
--- GRANT per privilege that differs, REVOKEs first.
+-- GRANT per privilege that differs, REVOKEs first. Returns how many.
 CREATE OR REPLACE FUNCTION lokadb.grant_difference(src regclass, was_like regclass, names text)
-RETURNS void LANGUAGE plpgsql AS $$
+RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
 	g record;
+	k integer := 0;
 BEGIN
 	FOR g IN SELECT 0 AS step, * FROM (SELECT * FROM lokadb.table_privileges(was_like)
 					   EXCEPT SELECT * FROM lokadb.table_privileges(src)) x
@@ -214,7 +215,9 @@ BEGIN
 						  lokadb.grantee(g.grantee),
 						  CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
 		END IF;
+		k := k + 1;
 	END LOOP;
+	RETURN k;
 END $$;
 
 -- Give every partition (container and leaf) of the LokaDB table `rel` the
@@ -255,11 +258,15 @@ BEGIN
 		   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
 				   WHERE a.attrelid IN (c.oid, pc.oid) AND a.attacl IS NOT NULL)
 		   GROUP BY pc.relacl LOOP
+		-- (each chunk's first partition has the group's ACL until its own turn;
+		-- an ACL that differs only in its order or grantors: nothing to do)
 		FOR i IN 0 .. (pg_catalog.cardinality(grp.rels) - 1) / 1000 LOOP
-			PERFORM lokadb.grant_difference(rel, grp.rels[1]::regclass,
-							pg_catalog.array_to_string(grp.rels[i * 1000 + 1 : i * 1000 + 1000], ', '));
+			EXIT WHEN lokadb.grant_difference(rel, grp.rels[i * 1000 + 1]::regclass,
+							  pg_catalog.array_to_string(grp.rels[i * 1000 + 1 : i * 1000 + 1000], ', ')) = 0;
+			IF i = 0 THEN
+				n := n + pg_catalog.cardinality(grp.rels);
+			END IF;
 		END LOOP;
-		n := n + pg_catalog.cardinality(grp.rels);
 	END LOOP;
 	-- Then each partition that still differs (another owner, column
 	-- privileges, several grantors). (owner and ACL as they are first: PostgreSQL compares them without a
