@@ -1542,27 +1542,47 @@ static int dealloc_message(struct client *c, struct evbuffer *in, char type, uin
 	return !c->closing && !c->throttled;
 }
 
-/* A plugin's re-parse before a Bind: the bound statement gets the plugin's text on the server first. */
-static void send_reparse(struct client *c, struct lk_event *ev)
+/* The Close and Parse in pb go before a Bind; `gen` is the text's (stmt_text.gen). */
+static void send_parse_first(struct client *c, const char *name, uint32_t gen, int hidden)
 {
 	struct server *s = c->link;
-	const char *name = plugin_event_stmt(ev);
-	int hidden;
+	struct rq_item *it;
 
-	if (c->ps_on && name && name[0]) {
-		/* the name now stands for the new text: a cache entry of its own */
-		if (ps_reparse(c, name, plugin_event_reparse(ev)))
-			plugin_note_parse(c, name, plugin_event_reparse(ev));
-		return;
-	}
-	if (!plugin_query_reparse_msgs(c, ev, &rt->pb, &hidden))
-		return;
-	if ((hidden == 2 && !server_expect(s, 'C', RQ_HIDE)) || !server_expect(s, 'P', RQ_HIDE)) {
+	if ((hidden == 2 && !server_expect(s, 'C', RQ_HIDE)) || !(it = server_expect(s, 'P', RQ_HIDE))) {
 		pkt_reset(&rt->pb);
 		return;
 	}
+	it->name = strdup(name);	/* (NULL: the loss goes unnoticed, as before) */
+	it->reparse_gen = it->name ? gen : 0;
 	s->ext_open = true;
 	pkt_send(&rt->pb, bufferevent_get_output(s->bev));
+}
+
+/*
+ * Before a Bind: a plugin's re-parse (the bound statement gets the plugin's
+ * text on the server first), or the text the plugin was told sent again
+ * when an earlier re-parse may not have reached the server.
+ */
+static void send_reparse(struct client *c, struct lk_event *ev)
+{
+	const char *name = plugin_event_stmt(ev);
+	uint32_t gen;
+	int hidden;
+
+	if (!name)
+		return;
+	if (c->ps_on && name[0]) {
+		/* the name now stands for the new text: a cache entry of its own */
+		if (plugin_query_wants_reparse(ev) && ps_reparse(c, name, plugin_event_reparse(ev)))
+			plugin_note_parse(c, name, plugin_event_reparse(ev));
+		return;
+	}
+	if (plugin_query_wants_reparse(ev))
+		gen = plugin_query_reparse_msgs(c, ev, &rt->pb, &hidden);
+	else
+		gen = plugin_stmt_resend_msgs(c, c->link, name, &rt->pb, &hidden);
+	if (gen)
+		send_parse_first(c, name, gen, hidden);
 }
 
 /* The decided Parse/Bind of a watched client with prepared statements: the plugin's version of it, mapped. */
@@ -1695,7 +1715,7 @@ static bool watched_message(struct client *c, struct evbuffer *in, char type, ui
 	plugin_query_note_tables(c, ev);
 	for (int i = 0; i < n_prefix; i++)
 		server_send_hidden(c->link, prefix[i]);
-	if (type == 'B' && plugin_query_wants_reparse(ev))
+	if (type == 'B')
 		send_reparse(c, ev);
 	c->request_time = rt->now;
 	if (c->ps_on && (type == 'P' || type == 'B') && !c->closing) {

@@ -223,6 +223,7 @@ struct client {
 	char *startup;			/* startup packet parameters (name\0value\0...) */
 	uint32_t startup_len;
 	struct stmt_text *stmts;	/* watched clients: statement name -> text */
+	bool stmt_resends;		/* a re-parse was lost once: look for texts to send again */
 	struct ps_cli *ps;		/* its prepared statements (prepared.c), NULL until one */
 	bool ps_on;			/* max_prepared_statements applies (not session mode) */
 	struct rt_names rnames;		/* statements and portals whose RowDescriptions a plugin's
@@ -567,7 +568,10 @@ bool plugin_query_wants_reparse(const struct lk_event *ev);
 const char *plugin_event_stmt(const struct lk_event *ev);	/* P/B: the client's statement name */
 const char *plugin_event_reparse(const struct lk_event *ev);	/* B: the re-parse text, or NULL */
 void plugin_note_parse_types(struct client *c, const char *name, const char *sql, const uint8_t *types, uint32_t len);
-bool plugin_query_reparse_msgs(struct client *c, struct lk_event *ev, struct pktbuf *pb, int *hidden_acks);
+uint32_t plugin_query_reparse_msgs(struct client *c, struct lk_event *ev, struct pktbuf *pb, int *hidden_acks);
+uint32_t plugin_stmt_resend_msgs(struct client *c, struct server *s, const char *name, struct pktbuf *pb,
+				 int *hidden_acks);
+void plugin_reparse_lost(struct client *c, const struct rq_item *it);
 bool plugin_startup_param_ok(const char *name);
 void client_hook_resumed(struct client *c, struct lk_event *ev);
 static inline bool hook_on(enum lk_hook h)

@@ -202,7 +202,18 @@ struct stmt_text {
 	char *name, *sql;
 	uint8_t *types;			/* the Parse's parameter type block: int16 n + n int32 OIDs */
 	uint32_t types_len;
+	uint32_t gen;			/* changes with each text noted (stmt_gen) */
+	bool resend;			/* a re-parse of `sql` did not reach the server: Parse it again before its next Bind */
 };
+
+static uint32_t stmt_gen;		/* the last stmt_text.gen given */
+
+static uint32_t next_stmt_gen(void)
+{
+	if (++stmt_gen == 0)
+		stmt_gen = 1;	/* (0: no re-parse, in rq_item.reparse_gen) */
+	return stmt_gen;
+}
 
 static struct {
 	char **startup_params;		/* startup parameters plugins accept */
@@ -1297,12 +1308,15 @@ void plugin_note_parse_types(struct client *c, const char *name, const char *sql
 {
 	struct stmt_text *st, **pp;
 	int n = 0;
+	uint32_t gen = next_stmt_gen();
 
 	for (pp = &c->stmts; (st = *pp); pp = &st->next, n++) {
 		if (strcmp(st->name, name) == 0) {
 			set_str(&st->sql, sql);
 			if (types)
 				stmt_set_types(st, types, len);
+			st->gen = gen;
+			st->resend = false;
 			return;
 		}
 	}
@@ -1317,6 +1331,7 @@ void plugin_note_parse_types(struct client *c, const char *name, const char *sql
 	st->name = xstrdup(name);
 	st->sql = xstrdup(sql);
 	stmt_set_types(st, types, len);
+	st->gen = gen;
 	st->next = c->stmts;
 	c->stmts = st;
 }
@@ -2105,32 +2120,98 @@ static int api_query_reparse(lk_event *ev, const char *sql)
 }
 
 /*
- * A decided Bind with a re-parse: the Close (named statements) and Parse to
- * send before it, into pb. Returns false when there is none.
+ * Close (a named statement) and Parse `name` with `sql` and the client's
+ * parameter types, into pb, and note the text. hidden_acks: the replies
+ * to hide. Returns the text's generation (stmt_text.gen).
  */
-bool plugin_query_reparse_msgs(struct client *c, struct lk_event *ev, struct pktbuf *pb, int *hidden_acks)
+static uint32_t stmt_parse_msgs(struct client *c, const char *name, const char *sql, struct pktbuf *pb,
+				int *hidden_acks)
 {
-	struct stmt_text *st;
+	struct stmt_text *st = stmt_find(c, name);
 
 	*hidden_acks = 0;
-	if (!ev->reparse || ev->qtype != 'B')
-		return false;
-	st = stmt_find(c, ev->stmt);
-	if (ev->stmt[0]) {
-		pkt_close(pb, 'S', ev->stmt);
+	if (name[0]) {
+		pkt_close(pb, 'S', name);
 		(*hidden_acks)++;
 	}
 	pkt_begin(pb, 'P');
-	pkt_put_string(pb, ev->stmt);
-	pkt_put_string(pb, ev->reparse);
+	pkt_put_string(pb, name);
+	pkt_put_string(pb, sql);
 	if (st && st->types_len >= 2)
 		pkt_put_bytes(pb, st->types, st->types_len);
 	else
 		pkt_put_int16(pb, 0);
 	pkt_end(pb);
 	(*hidden_acks)++;
-	plugin_note_parse(c, ev->stmt, ev->reparse);
-	return true;
+	if (st && st->sql == sql) {	/* sent again */
+		st->gen = next_stmt_gen();
+		st->resend = false;
+	} else {
+		plugin_note_parse(c, name, sql);
+		st = stmt_find(c, name);
+	}
+	return st ? st->gen : 0;
+}
+
+/*
+ * A decided Bind with a re-parse: the Close (named statements) and Parse to
+ * send before it, into pb. Returns the text's generation, 0 when there is
+ * none.
+ */
+uint32_t plugin_query_reparse_msgs(struct client *c, struct lk_event *ev, struct pktbuf *pb, int *hidden_acks)
+{
+	*hidden_acks = 0;
+	if (!ev->reparse || ev->qtype != 'B')
+		return 0;
+	return stmt_parse_msgs(c, ev->stmt, ev->reparse, pb, hidden_acks);
+}
+
+/*
+ * A Bind of `name` with no re-parse (statements not cached by the core):
+ * does the server's text of it need sending again first? When a re-parse
+ * did not reach it (stmt_text.resend: skipped after an error of its batch,
+ * or failed), and when the last one is still unanswered in an earlier batch
+ * (the client sends past a Sync): it may yet be skipped. Then the Close and
+ * Parse of the text the plugin was told, into pb. Returns the generation,
+ * 0 when nothing is needed.
+ */
+uint32_t plugin_stmt_resend_msgs(struct client *c, struct server *s, const char *name, struct pktbuf *pb,
+				 int *hidden_acks)
+{
+	struct stmt_text *st;
+	bool unsure = false, reparse = false;
+
+	*hidden_acks = 0;
+	for (uint32_t i = 0; s->rq.syncs && i < s->rq.count; i++) {
+		const struct rq_item *it = rq_at(&s->rq, i);
+		if (it->type == 'S' || it->type == 'Q' || it->type == 'F') {
+			unsure = reparse;	/* the last re-parse is of an earlier batch, not answered yet */
+		} else if (it->reparse_gen && strcmp(it->name, name) == 0) {
+			reparse = true;
+			unsure = false;
+		}
+	}
+	if (!unsure && !c->stmt_resends)
+		return 0;
+	st = stmt_find(c, name);
+	if (!st || (!st->resend && !unsure))
+		return 0;
+	return stmt_parse_msgs(c, name, st->sql, pb, hidden_acks);
+}
+
+/*
+ * The server skipped or refused item `it`, a re-parse's Parse: it does not
+ * have the text noted for the client's statement, unless a later message
+ * noted another (its own Parse goes to the server).
+ */
+void plugin_reparse_lost(struct client *c, const struct rq_item *it)
+{
+	struct stmt_text *st = c && it->name ? stmt_find(c, it->name) : NULL;
+
+	if (st && st->gen == it->reparse_gen) {
+		st->resend = true;
+		c->stmt_resends = true;
+	}
 }
 
 static int set_route(lk_event *ev, const char *dbname)

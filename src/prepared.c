@@ -48,6 +48,11 @@
 
 /* ================= the reply queue ================= */
 
+static bool owes_ready(char type)
+{
+	return type == 'S' || type == 'Q' || type == 'F';
+}
+
 struct rq_item *rq_push(struct replyq *q, char type, int act)
 {
 	struct rq_item *it;
@@ -69,6 +74,7 @@ struct rq_item *rq_push(struct replyq *q, char type, int act)
 	it->type = type;
 	it->act = (uint8_t)act;
 	q->count++;
+	q->syncs += owes_ready(type);
 	return it;
 }
 
@@ -79,8 +85,9 @@ struct rq_item *rq_at(const struct replyq *q, uint32_t i)
 
 static void entry_unref(struct ps_entry *e);
 
-static void item_release(struct rq_item *it)
+static void item_release(struct replyq *q, struct rq_item *it)
 {
+	q->syncs -= owes_ready(it->type);
 	entry_unref(it->e);
 	free(it->name);
 	textmap_free(it->map);
@@ -95,7 +102,7 @@ void rq_pop(struct replyq *q)
 {
 	if (!q->count)
 		return;
-	item_release(&q->v[q->head]);
+	item_release(q, &q->v[q->head]);
 	q->head = (q->head + 1) % q->cap;
 	q->count--;
 }
@@ -105,7 +112,7 @@ void rq_remove(struct replyq *q, uint32_t i)
 {
 	if (i >= q->count)
 		return;
-	item_release(rq_at(q, i));
+	item_release(q, rq_at(q, i));
 	for (; i + 1 < q->count; i++)
 		*rq_at(q, i) = *rq_at(q, i + 1);
 	q->count--;
@@ -570,8 +577,11 @@ bool rq_discard_batch(struct server *s)
 
 	while ((it = rq_at(&s->rq, n)) && it->type != 'S')
 		n++;
-	for (uint32_t i = n; i-- > 0;)		/* names newest first: a Close after a Parse of the same name */
+	for (uint32_t i = n; i-- > 0;) {	/* names newest first: a Close after a Parse of the same name */
 		name_undo(s, n, rq_at(&s->rq, i));
+		if (rq_at(&s->rq, i)->reparse_gen)	/* (the first failed, the others were skipped) */
+			plugin_reparse_lost(s->link, rq_at(&s->rq, i));
+	}
 	for (uint32_t i = 0; i < n; i++)
 		srv_resettle(s, n, i);
 	while (n--)
@@ -692,11 +702,47 @@ static struct rq_item *srv_prepare(struct server *s, struct ps_entry *e, int act
 	return it;
 }
 
+/*
+ * Is the last Parse or Close of e sent to the server still unanswered in an
+ * earlier batch (the client sends past a Sync)? An error before it there
+ * makes the server skip it, so whether the server has e is not known yet.
+ */
+static bool srv_unsettled(const struct server *s, const struct ps_entry *e)
+{
+	bool sent = false, unsettled = false;
+
+	for (uint32_t i = 0; i < s->rq.count; i++) {
+		const struct rq_item *it = rq_at(&s->rq, i);
+		if (owes_ready(it->type)) {
+			unsettled = sent;
+		} else if (it->e == e && (it->undo & RQ_UNDO_SRV)) {
+			sent = true;
+			unsettled = false;
+		}
+	}
+	return unsettled;
+}
+
 /* The server is to use e next: bump it, or prepare it first (hidden). false: the server is closed. */
 static bool srv_ensure(struct server *s, struct ps_entry *e)
 {
 	struct ps_sstmt *st = sstmt_find(s, e);
 
+	if (s->rq.syncs && srv_unsettled(s, e)) {
+		/* Close, then Parse: the server has e after them, whatever the
+		 * earlier batch did (closing a statement it lacks is no error);
+		 * srv_resettle corrects the Close's undo once that batch is known */
+		struct rq_item *it = server_expect(s, 'C', RQ_HIDE);
+		if (!it)
+			return false;
+		it->undo = RQ_UNDO_SRV_CLOSE;
+		it->e = entry_ref(e);
+		pkt_close(&rt->pb, 'S', e->name);
+		pkt_send(&rt->pb, bufferevent_get_output(s->bev));
+		if (st)
+			sstmt_del(s, st);
+		return srv_prepare(s, e, RQ_HIDE) != NULL;
+	}
 	if (st) {
 		TAILQ_REMOVE(&s->ps->lru, st, lru);
 		TAILQ_INSERT_TAIL(&s->ps->lru, st, lru);

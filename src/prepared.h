@@ -72,11 +72,15 @@ struct rq_item {
 	/* the first ReadyForQuery owed after values sent inside a batch (server_send_hidden_ext) */
 	bool vars_ext;
 	uint32_t ext_seq;	/* the last of those sends (tvars.esent) it answers */
+	/* a plugin's re-parse of the client's statement `name` (statements not
+	 * cached by the core): the generation of the text it gave (0: none) */
+	uint32_t reparse_gen;
 };
 
 struct replyq {
 	struct rq_item *v;
 	uint32_t head, count, cap;
+	uint32_t syncs;		/* its items that owe a ReadyForQuery (S, Q, F) */
 };
 
 /* ---- the reply queue (no server needed: unit-testable) ---- */

@@ -401,7 +401,9 @@ struct lk_api {
 	 * such as addressing a statement to the partition of the organization
 	 * given as $1. With the core's prepared statements (transaction
 	 * pooling, max_prepared_statements) the name then stands for a cached
-	 * statement of the new text. 0 or -1. */
+	 * statement of the new text. A re-parse that PostgreSQL skips (an
+	 * error earlier in its batch) is sent again before the statement's
+	 * next Bind, so query_sql() is what the server runs. 0 or -1. */
 	int (*query_reparse)(lk_event *ev, const char *sql);
 
 	/* ---- ABI 1.4 ---- */

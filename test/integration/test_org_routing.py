@@ -941,6 +941,53 @@ def test_a_pipeline_of_binds_for_several_organizations_gets_each_its_rows(router
     assert st["reparsed"] >= 4
 
 
+COUNT_OF_ORG = "SELECT count(*), min(organization_id), max(organization_id) FROM documents WHERE organization_id = $1"
+
+
+@pytest.mark.parametrize("pipelined", [False, True], ids=["batches", "pipelined"])
+@pytest.mark.parametrize("settings", [{"pool_mode": "session"},
+                                      {"pool_mode": "transaction", "max_prepared_statements": "0"},
+                                      {"pool_mode": "transaction"}],
+                         ids=["session", "transaction-uncached", "transaction-cached"])
+def test_a_reparse_skipped_after_an_error_of_its_batch_is_not_taken_for_done(router, app, settings, pipelined):
+    """A named statement bound for organization 2 has 2's leaf text on the
+    server. A batch whose first statement fails then binds it for 5: the
+    re-parse to 5's leaf in front of that Bind is skipped with the rest of
+    the batch. The next Bind for 5 must not run 2's leaf text (it would
+    count no rows of 5) -- also when the client sends it past the failing
+    batch's Sync, before the error is known."""
+    b = router(settings=settings)
+    want = {o: [list(map(str, r)) for r in direct(app, COUNT_OF_ORG.replace("$1", str(o)))]
+            for o in (ISOLATED, ISOLATED2)}
+    w = b.login("app", USER)
+    bind = lambda o: Wire.bind_msg(stmt="s1", params=[o]) + Wire.execute_msg()  # noqa: E731
+    failing = Wire.parse_msg("SELECT 1/0") + Wire.bind_msg() + Wire.execute_msg()
+    w.send(Wire.parse_msg(COUNT_OF_ORG, "s1") + Wire.sync_msg())
+    assert w.read_until_ready(timeout=5 * SLOW).error is None
+    w.send(bind(ISOLATED) + Wire.sync_msg())
+    assert w.read_until_ready(timeout=5 * SLOW).rows == want[ISOLATED]
+    for _ in range(2):
+        skipped = failing + bind(ISOLATED2) + Wire.sync_msg()
+        if pipelined:
+            w.send(skipped + bind(ISOLATED2) + Wire.sync_msg())
+        else:
+            w.send(skipped)
+        res = w.read_until_ready(timeout=5 * SLOW)
+        assert res.error is not None and res.error.sqlstate == "22012" and res.rows == []
+        if not pipelined:
+            w.send(bind(ISOLATED2) + Wire.sync_msg())
+        res = w.read_until_ready(timeout=5 * SLOW)
+        assert res.error is None and res.rows == want[ISOLATED2], res.error
+        w.send(bind(ISOLATED) + Wire.sync_msg())
+        assert w.read_until_ready(timeout=5 * SLOW).rows == want[ISOLATED]
+    w.send(failing + bind(ISOLATED2) + Wire.sync_msg() + bind(ISOLATED) + bind(ISOLATED2) + Wire.sync_msg())
+    assert w.read_until_ready(timeout=5 * SLOW).error.sqlstate == "22012"
+    assert w.read_until_ready(timeout=5 * SLOW).rows == want[ISOLATED] + want[ISOLATED2]
+    st = stats(b)
+    assert st["reparses_refused"] == 0 and st["reparsed"] >= 3, st
+    assert b.alive()
+
+
 def test_a_statement_rewritten_at_its_parse_follows_the_catalog_at_each_bind(router, app):
     """A named statement with a constant organization is addressed to the
     leaf at its Parse; its later Binds are routed on the client's text (the

@@ -316,6 +316,45 @@ end:
 	return ok;
 }
 
+/*
+ * A batch binds a statement the server lacks: the pooler prepares it in
+ * front (hidden). The next batch, sent past that batch's Sync, binds it
+ * again before the first is answered: an error there may yet skip the
+ * Parse, so it is closed and prepared again (PostgreSQL takes a Close of a
+ * statement it lacks). Once the batches are answered, a Bind is a Bind.
+ */
+static bool test_a_bind_past_a_sync_prepares_again_what_may_be_skipped(void)
+{
+	struct fx f;
+	char t[32], n[256];
+	bool ok = true;
+
+	CHECK(fx_init(&f, 1));
+	CHECK(do_parse(&f.c, "x", "select 1") == PS_DONE);
+	CHECK(do_parse(&f.c, "y", "select 2") == PS_DONE);	/* closes x: one at most */
+	while (f.s.rq.count)
+		rq_pop(&f.s.rq);	/* answered */
+	out_take(f.s.bev, t, sizeof(t), n, sizeof(n));
+	CHECK(do_bind(&f.c, "x") == PS_DONE);			/* closes y, prepares x */
+	CHECK(rq_push(&f.s.rq, 'S', RQ_FWD));
+	CHECK(do_bind(&f.c, "x") == PS_DONE);			/* past the Sync */
+	out_take(f.s.bev, t, sizeof(t), n, sizeof(n));
+	CHECK_STR(t, "CPBCPB");
+	CHECK(do_bind(&f.c, "x") == PS_DONE);			/* the same batch: settled by its own */
+	out_take(f.s.bev, t, sizeof(t), n, sizeof(n));
+	CHECK_STR(t, "B");
+	CHECK(rq_discard_batch(&f.s));		/* ErrorResponse to the first batch's Close */
+	CHECK(ps_server_count(&f.s) == 2);	/* y (not closed) and x (the second batch's) */
+	while (f.s.rq.count)
+		rq_pop(&f.s.rq);
+	CHECK(do_bind(&f.c, "x") == PS_DONE);
+	out_take(f.s.bev, t, sizeof(t), n, sizeof(n));
+	CHECK_STR(t, "B");
+end:
+	fx_done(&f);
+	return ok;
+}
+
 static bool test_synthesized_replies_wait_their_turn(void)
 {
 	struct fx f;
@@ -394,6 +433,8 @@ static const struct unit_case cases[] = {
 	{ "lru evicts the oldest and re-prepares on bind", test_lru_evicts_oldest_and_reprepares_on_bind },
 	{ "messages the server skipped are undone", test_skipped_messages_are_undone },
 	{ "a failed batch settles with the next one", test_failed_batch_settles_with_the_next_one },
+	{ "a Bind past a Sync prepares again what may be skipped",
+	  test_a_bind_past_a_sync_prepares_again_what_may_be_skipped },
 	{ "synthesized replies wait their turn", test_synthesized_replies_wait_their_turn },
 	{ "SQL DEALLOCATE of a client's name", test_sql_deallocate_of_a_client_name },
 	{ NULL, NULL }
