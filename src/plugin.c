@@ -935,6 +935,20 @@ static int api_ev_txn_failed(lk_event *ev)
 	return ev->s->txn_failed ? 1 : 0;
 }
 
+static int api_ev_past_sync(lk_event *ev)
+{
+	const struct server *s = ev->c ? ev->c->link : NULL;
+
+	if (ev->hook != LK_HOOK_QUERY)
+		return -1;
+	for (uint32_t i = 0; s && s->rq.syncs && i < s->rq.count; i++) {
+		const struct rq_item *it = rq_at(&s->rq, i);
+		if ((it->type == 'S' || it->type == 'Q' || it->type == 'F') && it->act != RQ_HIDE)
+			return 1;
+	}
+	return 0;
+}
+
 static int api_fail(lk_event *ev, const char *sqlstate, const char *fmt, ...)
 {
 	va_list ap;
@@ -3497,4 +3511,5 @@ static const struct lk_api api_table = {
 	.tables_new = api_tables_new,
 	.tables_release = api_tables_release,
 	.query_result_tables = api_query_result_tables,
+	.ev_past_sync = api_ev_past_sync,
 };

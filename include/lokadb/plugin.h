@@ -40,7 +40,7 @@ extern "C" {
 
 #define LK_PLUGIN_MAGIC 0x4c4b504cu	/* "LKPL" */
 #define LK_ABI_MAJOR 1
-#define LK_ABI_MINOR 13
+#define LK_ABI_MINOR 14
 #define LK_PLUGIN_SYMBOL "lokadb_plugin"
 
 /* Opaque handles. */
@@ -562,6 +562,13 @@ struct lk_api {
 	 * Closed), a Bind's for its portal's; a Bind without it has its
 	 * statement's. The core takes its own reference. 0 or -1. */
 	int (*query_result_tables)(lk_event *ev, lk_tables *t);
+
+	/* ---- ABI 1.14 ---- */
+	/* QUERY (Q, P, B): 1 when the client sent this message past a Sync or
+	 * a Query of its own that its server has not answered yet (it
+	 * pipelines: what its earlier batches do is not known yet), 0 when
+	 * not, -1 for other events. */
+	int (*ev_past_sync)(lk_event *ev);
 };
 
 #ifdef __cplusplus

@@ -2029,6 +2029,10 @@ static int or_query(lk_plugin *self, lk_event *ev)
 	}
 	x->hooked_any = true;
 	x->last_ends_txn = false;	/* route_now sets it from the analysis */
+	if (LK_API_HAS(api, ev_past_sync) && api->ev_past_sync(ev) == 1) {
+		x->pipelines = true;	/* sent past an unanswered Sync: it pipelines */
+		x->calm = 0;
+	}
 	if (!g->mc->ready()) {
 		forget_var(ev, "lokadb.org");	/* not looked at: it may set them */
 		forget_var(ev, "plan_cache_mode");
@@ -2130,15 +2134,17 @@ static int or_route(lk_plugin *self, lk_event *ev)
  * The batch is taken as over when what came since the last ReadyForQuery is
  * one statement (at most a Parse then a Bind), or ends with a COMMIT or
  * ROLLBACK; with several statements it may continue past the Sync, so it
- * stays open until a simple Query or such a ReadyForQuery. A ReadyForQuery
- * with nothing since the last one answers a Sync sent behind another: the
- * client pipelines.
+ * stays open until a simple Query or such a ReadyForQuery. A core of ABI
+ * 1.14 says when a message comes past an unanswered Sync (or_query); with
+ * an older one, a ReadyForQuery with nothing since the last one is taken
+ * for the answer to a Sync sent behind another: the client pipelines (so
+ * is, wrongly, a batch of a Describe or an Execute alone).
  */
 static void txn_end_batch(struct orc *x)
 {
 	bool one = x->hooked_p <= 1 && x->hooked_b <= 1 && !x->p_after_b;
 
-	if (!x->hooked_any) {
+	if (!x->hooked_any && !LK_API_HAS(api, ev_past_sync)) {
 		x->pipelines = true;
 		x->calm = 0;
 	} else if (one || x->last_ends_txn) {

@@ -988,6 +988,34 @@ def test_a_reparse_skipped_after_an_error_of_its_batch_is_not_taken_for_done(rou
     assert b.alive()
 
 
+def test_a_describe_alone_in_its_batch_is_no_pipelining_but_a_bind_past_a_sync_is(router, app):
+    """libpq's PQdescribePrepared sends a Describe and a Sync alone: the
+    Binds after it are addressed to each organization's leaf at once. A
+    Bind the client sends past an unanswered Sync is taken for pipelining
+    (the core says so): it is not parsed again for a leaf, and goes back to
+    the client's text, right for every organization."""
+    b = router()
+    want = {o: [list(map(str, r)) for r in direct(app, COUNT_OF_ORG.replace("$1", str(o)))]
+            for o in (ISOLATED, ISOLATED2)}
+    w = b.login("app", USER)
+    bind = lambda o: Wire.bind_msg(stmt="s1", params=[o]) + Wire.execute_msg()  # noqa: E731
+    w.send(Wire.parse_msg(COUNT_OF_ORG, "s1") + Wire.sync_msg())
+    assert w.read_until_ready(timeout=5 * SLOW).error is None
+    w.send(message(b"D", b"Ss1\0") + Wire.sync_msg())
+    assert [t for t, _ in w.read_until_ready(timeout=5 * SLOW).messages] == [b"t", b"T", b"Z"]
+    for o in (ISOLATED, ISOLATED2, ISOLATED):
+        w.send(bind(o) + Wire.sync_msg())
+        assert w.read_until_ready(timeout=5 * SLOW).rows == want[o]
+        line = route_lines(b)[-1]
+        assert "rewrite=leaf" in line and f"documents_o{o}_1" in line, line
+    w.send(bind(ISOLATED) + Wire.sync_msg() + bind(ISOLATED2) + Wire.sync_msg())
+    assert w.read_until_ready(timeout=5 * SLOW).rows == want[ISOLATED]
+    assert w.read_until_ready(timeout=5 * SLOW).rows == want[ISOLATED2]
+    line = route_lines(b)[-1]
+    assert "org=5" in line and "rewrite=parent" in line, line
+    assert b.alive()
+
+
 def test_a_statement_rewritten_at_its_parse_follows_the_catalog_at_each_bind(router, app):
     """A named statement with a constant organization is addressed to the
     leaf at its Parse; its later Binds are routed on the client's text (the
