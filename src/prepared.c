@@ -496,7 +496,7 @@ void rq_flush_synth(struct server *s)
 	}
 }
 
-#define RQ_UNDO_SRV (RQ_UNDO_SRV_PARSE | RQ_UNDO_SRV_CLOSE)
+#define RQ_UNDO_SRV (RQ_UNDO_SRV_PARSE | RQ_UNDO_SRV_CLOSE | RQ_UNDO_SRV_RECLOSE)
 #define RQ_UNDO_CL (RQ_UNDO_CL_PARSE | RQ_UNDO_CL_CLOSE)
 
 /* Did a message after the Sync at `sync` change the client name of skipped item `it` again? */
@@ -553,7 +553,10 @@ static void srv_resettle(struct server *s, uint32_t sync, uint32_t i)
 		struct rq_item *o = rq_at(&s->rq, j);
 		if (o->e != it->e || !(o->undo & RQ_UNDO_SRV))
 			continue;
-		if (o->undo & RQ_UNDO_SRV_PARSE) {
+		if (o->undo & RQ_UNDO_SRV_RECLOSE) {
+			o->undo = (uint8_t)(have ? o->undo | RQ_UNDO_SRV_CLOSE : o->undo & ~RQ_UNDO_SRV_CLOSE);
+			have = false;
+		} else if (o->undo & RQ_UNDO_SRV_PARSE) {
 			if (have)
 				o->undo &= (uint8_t)~RQ_UNDO_SRV_PARSE;
 			have = true;
@@ -682,26 +685,6 @@ static void send_parse(struct server *s, const struct ps_entry *e)
 	s->pool->stats.server_parse_count++;
 }
 
-/* Send the Parse of e under its server name; act RQ_FWD for the client's own Parse. NULL: the server is closed. */
-static struct rq_item *srv_prepare(struct server *s, struct ps_entry *e, int act)
-{
-	struct rq_item *it;
-
-	if (!srv_make_room(s))
-		return NULL;
-	it = server_expect(s, 'P', act);
-	if (!it)
-		return NULL;
-	if (!sstmt_add(s, e, false)) {
-		server_close(s, "out of memory");
-		return NULL;
-	}
-	it->undo = RQ_UNDO_SRV_PARSE;
-	it->e = entry_ref(e);
-	send_parse(s, e);
-	return it;
-}
-
 /*
  * Is the last Parse or Close of e sent to the server still unanswered in an
  * earlier batch (the client sends past a Sync)? An error before it there
@@ -723,26 +706,51 @@ static bool srv_unsettled(const struct server *s, const struct ps_entry *e)
 	return unsettled;
 }
 
-/* The server is to use e next: bump it, or prepare it first (hidden). false: the server is closed. */
-static bool srv_ensure(struct server *s, struct ps_entry *e)
+/*
+ * Send the Parse of e under its server name; act RQ_FWD for the client's own
+ * Parse. When an earlier batch's Parse or Close of e is unanswered, a Close
+ * goes first: the server has e after them whatever that batch did (closing
+ * a statement it lacks is no error), where a Parse alone would fail (42P05)
+ * if that batch's Close was skipped; srv_resettle corrects the Close's undo
+ * once that batch is known. NULL: the server is closed.
+ */
+static struct rq_item *srv_prepare(struct server *s, struct ps_entry *e, int act)
 {
-	struct ps_sstmt *st = sstmt_find(s, e);
+	struct rq_item *it;
 
 	if (s->rq.syncs && srv_unsettled(s, e)) {
-		/* Close, then Parse: the server has e after them, whatever the
-		 * earlier batch did (closing a statement it lacks is no error);
-		 * srv_resettle corrects the Close's undo once that batch is known */
-		struct rq_item *it = server_expect(s, 'C', RQ_HIDE);
-		if (!it)
-			return false;
-		it->undo = RQ_UNDO_SRV_CLOSE;
+		struct ps_sstmt *st = sstmt_find(s, e);
+		if (!(it = server_expect(s, 'C', RQ_HIDE)))
+			return NULL;
+		it->undo = RQ_UNDO_SRV_RECLOSE | (st ? RQ_UNDO_SRV_CLOSE : 0);
 		it->e = entry_ref(e);
 		pkt_close(&rt->pb, 'S', e->name);
 		pkt_send(&rt->pb, bufferevent_get_output(s->bev));
 		if (st)
 			sstmt_del(s, st);
-		return srv_prepare(s, e, RQ_HIDE) != NULL;
 	}
+	if (!srv_make_room(s))
+		return NULL;
+	it = server_expect(s, 'P', act);
+	if (!it)
+		return NULL;
+	if (!sstmt_add(s, e, false)) {
+		server_close(s, "out of memory");
+		return NULL;
+	}
+	it->undo = RQ_UNDO_SRV_PARSE;
+	it->e = entry_ref(e);
+	send_parse(s, e);
+	return it;
+}
+
+/* The server is to use e next: bump it, or prepare it first (hidden). false: the server is closed. */
+static bool srv_ensure(struct server *s, struct ps_entry *e)
+{
+	struct ps_sstmt *st = sstmt_find(s, e);
+
+	if (st && s->rq.syncs && srv_unsettled(s, e))
+		return srv_prepare(s, e, RQ_HIDE) != NULL;	/* it may not be there: closed and prepared */
 	if (st) {
 		TAILQ_REMOVE(&s->ps->lru, st, lru);
 		TAILQ_INSERT_TAIL(&s->ps->lru, st, lru);

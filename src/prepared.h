@@ -54,6 +54,10 @@ enum rq_undo {
 	RQ_UNDO_SRV_CLOSE = 2,	/* the server did not close `e`: it still has it */
 	RQ_UNDO_CL_PARSE = 4,	/* the client's `name` was not created */
 	RQ_UNDO_CL_CLOSE = 8,	/* the client's `name` (-> e) was not closed */
+	/* a Close of `e` sent whatever the server has (an earlier batch may yet
+	 * skip its Parse or Close): its RQ_UNDO_SRV_CLOSE says whether the
+	 * server has e before it, set again when that batch is known */
+	RQ_UNDO_SRV_RECLOSE = 16,
 };
 
 struct rq_item {

@@ -15,9 +15,9 @@
  * sanitizers (leaks included: everything an input made is freed before the
  * next one):
  *   - a Bind or Describe of lokadb's name finds the statement, and a Parse
- *     does not find one, unless an earlier batch failed after lokadb had
- *     pipelined this message (the model then answers the error PostgreSQL
- *     would, and lokadb must stay exact through it);
+ *     does not find one, also after an earlier batch failed while lokadb
+ *     had pipelined this message (where that batch may skip a Parse or a
+ *     Close of the statement, lokadb closes and prepares it again);
  *   - the reply queue's items other than RQ_SYNTH match the messages sent,
  *     one to one and in order;
  *   - the server's LRU holds as many statements as the model will have once
@@ -75,22 +75,16 @@ static void model_push(int kind, const char *name)
 	M.n++;
 }
 
-static bool failed_batch;	/* a batch failed while later ones were in flight */
-
-/* Would PostgreSQL refuse the head message (42P05, 26000)? */
-static bool model_fails(void)
+/* PostgreSQL must not refuse the head message (42P05, 26000): lokadb's LRU is right. */
+static void model_check_head(void)
 {
 	int at;
 
 	if (!M.n)
 		abort();	/* a reply with no message sent */
 	at = have_find(M.q[M.head].name);
-	if ((M.q[M.head].kind == M_PARSE && at >= 0) || (M.q[M.head].kind == M_USE && at < 0)) {
-		if (!failed_batch)
-			abort();	/* lokadb's LRU was wrong */
-		return true;
-	}
-	return false;
+	if ((M.q[M.head].kind == M_PARSE && at >= 0) || (M.q[M.head].kind == M_USE && at < 0))
+		abort();
 }
 
 /* Execute the head message. */
@@ -107,8 +101,7 @@ static void model_exec(void)
 		M.n_have--;
 	}
 	M.head = (M.head + 1) % MODEL_MAX;
-	if (--M.n == 0)
-		failed_batch = false;	/* nothing in flight was sent not knowing */
+	M.n--;
 }
 
 /* An error at the head: it and everything up to the Sync are skipped. */
@@ -118,8 +111,6 @@ static void model_skip(void)
 		M.head = (M.head + 1) % MODEL_MAX;
 		M.n--;
 	}
-	if (M.n)
-		failed_batch = true;	/* what follows the Sync was sent not knowing */
 }
 
 static const char *cstr_at(const uint8_t *b, uint32_t len, uint32_t *off)
@@ -305,7 +296,8 @@ static void reply(bool error)
 		rq_flush_synth(&srv);
 		return;
 	}
-	if (error || model_fails()) {
+	model_check_head();
+	if (error) {
 		rq_discard_batch(&srv);
 		model_skip();
 		return;
@@ -369,7 +361,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (!setup())
 		abort();
 	memset(&M, 0, sizeof(M));
-	failed_batch = false;
 	rt->cf->max_prepared_statements = 2;
 	srv.link = &cl[0];
 	cl[0].link = &srv;
