@@ -507,6 +507,73 @@ def test_a_table_enabled_later_gets_the_isolated_organizations_partitions(bounce
         app.execute("INSERT INTO versions (organization_id, document_id) VALUES (3, -1)")
 
 
+def test_column_privileges_of_the_parent_reach_every_partition_one_statement_per_group(bouncer_factory, pg, cloud):
+    """Column GRANTs and REVOKEs on a LokaDB table reach the partitions of every
+    isolated organization, one statement per privilege naming all the
+    partitions that had the same privileges (lokadb.copy_privileges()'s
+    grouped path, as for table privileges; an event trigger of the test
+    counts the statements), columns matched by name: organization 4's
+    partitions, made after a DROP COLUMN, number the column `tag` otherwise."""
+    b = prepare(bouncer_factory, pg, cloud)
+    for org in (1, 2, 3):
+        ok(b, f"ISOLATE ORG {org}")
+    q(pg, cloud, "ALTER TABLE documents ADD COLUMN scratch int; ALTER TABLE documents DROP COLUMN scratch")
+    ok(b, "ISOLATE ORG 4")
+    q(pg, cloud, "ALTER TABLE documents ADD COLUMN tag text")
+    assert q(pg, cloud, "SELECT attrelid::regclass::text, attnum FROM pg_attribute WHERE attname = 'tag' "
+                        "AND attrelid IN ('documents_o3_1'::regclass, 'documents_o4_1'::regclass) ORDER BY 1") == \
+        [("documents_o3_1", 9), ("documents_o4_1", 8)]
+    parts = ("FROM lokadb.partitions, LATERAL (VALUES (container), (leaf)) v(p) WHERE table_name = 'documents'")
+    assert one(pg, cloud, f"SELECT count(*) {parts}") == 8
+    differing = (f"SELECT count(*) {parts} AND lokadb.privileges_of(p::regclass) <> "
+                 "lokadb.privileges_of('documents'::regclass)")
+    q(pg, cloud, "CREATE TABLE grant_log (tag text); "
+                 "CREATE FUNCTION log_grant() RETURNS event_trigger LANGUAGE plpgsql AS "
+                 "$$ BEGIN INSERT INTO public.grant_log VALUES (tg_tag); END $$; "
+                 "CREATE EVENT TRIGGER log_grant ON ddl_command_end WHEN TAG IN ('GRANT', 'REVOKE') "
+                 "EXECUTE FUNCTION log_grant()")
+    r1, r2 = f"mv_col1_{os.getpid()}", f"mv_col2_{os.getpid()}"
+    pg.sql(f"CREATE ROLE {r1}; CREATE ROLE {r2}")
+    try:
+        # on the parent alone (as without the event trigger lokadb_guards), then by hand
+        q(pg, cloud, f"SET lokadb.copying_privileges = on; "
+                     f"GRANT SELECT (title, tag), UPDATE (tag) ON documents TO {r1}; "
+                     f"GRANT INSERT (title) ON documents TO {r2} WITH GRANT OPTION")
+        assert one(pg, cloud, differing) == 8
+        q(pg, cloud, "TRUNCATE grant_log")
+        assert one(pg, cloud, "SELECT lokadb.copy_privileges('documents')") == 8
+        # the 8 partitions had the same privileges: 4 GRANTs (a statement per partition: 32)
+        assert q(pg, cloud, "SELECT tag, count(*) FROM grant_log GROUP BY 1") == [("GRANT", 4)]
+        assert one(pg, cloud, differing) == 0
+        assert one(pg, cloud, f"SELECT has_column_privilege('{r1}', 'documents_o4_1', 'tag', 'UPDATE')")
+        assert one(pg, cloud, f"SELECT has_column_privilege('{r2}', 'documents_o4_1', 'title', "
+                              f"'INSERT WITH GRANT OPTION')")
+        # through the event trigger: columns, a grant option, a table privilege
+        q(pg, cloud, f"REVOKE SELECT (title) ON documents FROM {r1}")
+        assert one(pg, cloud, differing) == 0
+        q(pg, cloud, f"REVOKE GRANT OPTION FOR INSERT (title) ON documents FROM {r2}")
+        assert one(pg, cloud, differing) == 0
+        q(pg, cloud, f"GRANT SELECT ON documents TO {r2}; GRANT SELECT (body) ON documents TO {r1} WITH GRANT OPTION")
+        assert one(pg, cloud, differing) == 0
+        assert not one(pg, cloud, f"SELECT has_column_privilege('{r1}', 'documents_o2_1', 'title', 'SELECT')")
+        assert one(pg, cloud, f"SELECT has_column_privilege('{r1}', 'documents_o4_1', 'tag', 'SELECT')")
+        assert one(pg, cloud, f"SELECT has_column_privilege('{r2}', 'documents_o4_1', 'title', 'INSERT')")
+        assert not one(pg, cloud, f"SELECT has_column_privilege('{r2}', 'documents_o4', 'title', "
+                                  f"'INSERT WITH GRANT OPTION')")
+        assert one(pg, cloud, f"SELECT has_column_privilege('{r1}', 'documents_o1', 'body', "
+                              f"'SELECT WITH GRANT OPTION')")
+        assert one(pg, cloud, "SELECT lokadb.copy_privileges('documents')") == 0   # nothing left to do
+        # one leaf changed by hand: copy_privileges gives it back the parent's
+        q(pg, cloud, f"SET lokadb.copying_privileges = on; GRANT UPDATE (title) ON documents_o3_1 TO {r1}")
+        assert one(pg, cloud, differing) == 1
+        assert one(pg, cloud, "SELECT lokadb.copy_privileges('documents')") == 1
+        assert one(pg, cloud, differing) == 0
+        assert {r["table"]: r["kept_on_parent"] for r in dicts(ok(b, "SHOW TABLES"))}["documents"] is None
+    finally:
+        q(pg, cloud, f"DROP OWNED BY {r1}, {r2}")
+        pg.sql(f"DROP ROLE {r1}; DROP ROLE {r2}")
+
+
 def test_a_failed_isolate_org_leaves_the_organization_in_the_cloud_and_no_capture(bouncer_factory, pg, cloud):
     b = prepare(bouncer_factory, pg, cloud, lock_timeout="20ms", lock_retries="3")
     holder = pg.connect(dbname=cloud)
