@@ -292,12 +292,14 @@ def test_a_batch_sent_past_a_failing_one_binds_statements_its_parses_were_skippe
     binding "a" after "b" has the pooler close b and parse a in front of the
     Bind (hidden). An error earlier in that batch makes the server skip both.
     A batch the client sent past that batch's Sync, before the error came
-    back, binds a and b again: each works as on PostgreSQL, not a 26000 for a
-    statement the server never got or a 42P05 for one it kept."""
+    back, binds a and b again, or parses b's text under a new name: each
+    works as on PostgreSQL, not a 26000 for a statement the server never got
+    or a 42P05 for one it kept."""
     b = make(bouncer_factory, default_pool_size=1, max_prepared_statements=1)
     w = b.login("p0")
     assert types(batch(w, P("a", "select 'a'"), P("b", "select 'b'"), S)) == "11Z"
-    for later, want in (((B("a"), E(), S), ["a"]), ((B("b"), E(), S), ["b"]),
+    for later, want in (((P("c", "select 'b'"), B("c"), E(), C(b"S", "c"), S), ["b"]),
+                        ((B("a"), E(), S), ["a"]), ((B("b"), E(), S), ["b"]),
                         ((B("a"), E(), B("b"), E(), S), ["a", "b"])):
         w.send(P("", "select 1/0") + B("") + E() + B("a") + E() + S + b"".join(later))
         m = w.read_until_ready(timeout=10).messages
