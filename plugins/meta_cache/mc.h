@@ -72,11 +72,19 @@ struct pg_result;
 	" WHERE a.attrelid = " r ".oid AND a.attnum > 0 AND NOT a.attisdropped"                   \
 	" AND a.attacl IS NOT NULL) s))"
 
+/* A relation's column ACLs as stored, by name (catalog.sql's
+ * lokadb.column_acls(), written out: a proxy newer than its catalog). */
+#define MC_COLACLS(r)                                                                            \
+	"(SELECT pg_catalog.string_agg(pg_catalog.format('%I=%s', a.attname, a.attacl), ','"     \
+	" ORDER BY a.attname) FROM pg_catalog.pg_attribute a WHERE a.attrelid = " r ".oid"        \
+	" AND a.attnum > 0 AND NOT a.attisdropped AND a.attacl IS NOT NULL)"
+
 /* (one hashed pass over every partition for the whole load: correlated to
  * each table, the name lookups cost 10 us per partition; a leaf's column
  * privileges are compared when its parent has some: ISOLATE ORG and the
- * event trigger give a leaf only its parent's; MC_PRIVS only where owner or
- * ACL differ as stored, in a CASE, which the planner does not reorder) */
+ * event trigger give a leaf only its parent's; MC_PRIVS only where owner,
+ * ACL or column ACLs differ as stored, in a CASE, which the planner does
+ * not reorder) */
 #define MC_GUARD_PRIVS                                                                           \
 	"(SELECT 'a' WHERE (t.schema_name, t.table_name) IN (SELECT p.schema_name, p.table_name" \
 	" FROM lokadb.partitions p JOIN pg_catalog.pg_namespace n ON n.nspname = p.schema_name"  \
@@ -86,7 +94,8 @@ struct pg_result;
 	" (SELECT a.attrelid FROM lokadb.tables t2 JOIN pg_catalog.pg_namespace n2"              \
 	" ON n2.nspname = t2.schema_name JOIN pg_catalog.pg_class c2 ON c2.relnamespace = n2.oid" \
 	" AND c2.relname = t2.table_name JOIN pg_catalog.pg_attribute a ON a.attrelid = c2.oid"  \
-	" AND a.attnum > 0 WHERE a.attacl IS NOT NULL) THEN " MC_PRIVS("l") " <> " MC_PRIVS("c")  \
+	" AND a.attnum > 0 WHERE a.attacl IS NOT NULL) AND " MC_COLACLS("l") " IS DISTINCT FROM "  \
+	MC_COLACLS("c") " THEN " MC_PRIVS("l") " <> " MC_PRIVS("c")                                  \
 	" ELSE false END))"
 
 #define MC_GUARD_EXPR "nullif(coalesce(" MC_GUARD_BASE ", '') || coalesce(" MC_GUARD_PRIVS ", ''), '')"

@@ -104,6 +104,16 @@ LANGUAGE sql STABLE AS $$
 	WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped AND a.attacl IS NOT NULL
 $$;
 
+-- A relation's column ACLs as stored, by column name ("col=acl,..."; NULL
+-- none): equal where the columns' privileges are (neither order nor
+-- grantors differ), so compared before privileges_of().
+CREATE OR REPLACE FUNCTION lokadb.column_acls(rel oid) RETURNS text
+LANGUAGE sql STABLE AS $$
+	SELECT pg_catalog.string_agg(pg_catalog.format('%I=%s', a.attname, a.attacl), ',' ORDER BY a.attname)
+	FROM pg_catalog.pg_attribute a
+	WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped AND a.attacl IS NOT NULL
+$$;
+
 -- Both: the table privileges (attname NULL), then the column privileges.
 CREATE OR REPLACE FUNCTION lokadb.all_privileges(rel oid)
 RETURNS TABLE (attname name, grantee oid, privilege_type text, is_grantable boolean)
@@ -160,10 +170,13 @@ LANGUAGE sql STABLE AS $$
 		    WHERE p.schema_name = p_schema AND p.table_name = p_table
 		    -- (as stored first, in a CASE: the planner may order the
 		    -- conditions of an AND by its estimates, and the function
-		    -- costs 30 us where nothing differs)
+		    -- costs 30 us where nothing differs; the columns' only when
+		    -- the parent has some, as ISOLATE ORG and the event trigger
+		    -- give a leaf only its parent's)
 		    AND CASE WHEN l.relowner <> c.relowner OR l.relacl IS DISTINCT FROM c.relacl
-				  OR EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
-					     WHERE a.attrelid = c.oid AND a.attnum > 0 AND a.attacl IS NOT NULL)
+				  OR (EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
+					      WHERE a.attrelid = c.oid AND a.attnum > 0 AND a.attacl IS NOT NULL)
+				      AND lokadb.column_acls(l.oid) IS DISTINCT FROM lokadb.column_acls(c.oid))
 			     THEN lokadb.privileges_of(l.oid) <> lokadb.privileges_of(c.oid) ELSE false END)), ''), '')
 $$;
 
@@ -256,10 +269,7 @@ LANGUAGE sql STABLE AS $$
 			    WHERE p.schema_name = n.nspname AND p.table_name = c.relname) x(name),
 		   LATERAL (SELECT * FROM pg_catalog.pg_class pc
 			    WHERE pc.relnamespace = n.oid AND pc.relname = x.name OFFSET 0) pc,
-		   LATERAL (SELECT coalesce(pc.relacl::text, '') || ';' || coalesce(pg_catalog.string_agg(
-				pg_catalog.format('%I=%s', a.attname, a.attacl), ',' ORDER BY a.attname), '')
-			    FROM pg_catalog.pg_attribute a
-			    WHERE a.attrelid = pc.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attacl IS NOT NULL) k(acls)
+		   LATERAL (SELECT coalesce(pc.relacl::text, '') || ';' || coalesce(lokadb.column_acls(pc.oid), '')) k(acls)
 	      WHERE c.oid = rel AND n.oid = c.relnamespace) x
 	WHERE x.oid <> rel
 $$;

@@ -464,6 +464,18 @@ def test_privileges_of_the_parent_reach_its_leaves_or_keep_statements_on_it(rout
             assert c.execute("SELECT lokadb.table_guard('public', 'documents')").fetchone()[0] is None
         wait_until(lambda: routed(read)[0], 5 * SLOW, what="statements on the leaf again")
         assert routed(read)[1] == direct_user(read)
+        # column privileges: the parent's reach the leaves; a leaf whose differ keeps them off it
+        admin(f"GRANT UPDATE (title) ON documents TO {USER}")
+        wait_until(lambda: routed(read)[0], 5 * SLOW, what="statements on the leaf")
+        admin("SET lokadb.copying_privileges = on", f"REVOKE UPDATE (title) ON documents_o2_1 FROM {USER}")
+        b.admin("META_CACHE RELOAD")
+        leaf, got = routed(read)
+        assert not leaf and got == direct_user(read)
+        with app.connect(dbname=db) as c:
+            assert c.execute("SELECT lokadb.table_guard('public', 'documents')").fetchone()[0] == "a"
+            assert c.execute("SELECT lokadb.copy_privileges('documents')").fetchone()[0] == 1
+            assert c.execute("SELECT lokadb.table_guard('public', 'documents')").fetchone()[0] is None
+        wait_until(lambda: routed(read)[0], 5 * SLOW, what="statements on the leaf again")
         w.close()
     finally:
         app.sql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
