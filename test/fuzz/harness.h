@@ -21,8 +21,8 @@
  * Nothing is reached over the network: the only database points at
  * 127.0.0.1 port 1, where connecting is refused at once.
  *
- * After each input the runtime is put back as it was (shutdown and pause
- * flags, databases and pools, and on request the whole config), so an
+ * After each input the runtime is put back as it was (shutdown, pause and
+ * SUSPEND, databases and pools, and on request the whole config), so an
  * input's behaviour does not depend on the inputs before it and memory stays
  * bounded. At exit runtime_teardown() frees everything, so LeakSanitizer sees
  * a clean process.
@@ -262,6 +262,7 @@ static void h_reset(bool fresh_config)
 {
 	rt->shutdown = SHUT_NONE;
 	rt->paused = false;
+	lokadb_suspend(false);	/* a SUSPEND outlives its console: the next input's login would not be read */
 	pool_free_all();
 	if (fresh_config) {
 		config_free(rt->cf);

@@ -103,6 +103,8 @@ MESSAGES = {
         "PAUSE db", "RESUME db", "PAUSE", "RESUME", "RECONNECT", "RECONNECT db", "KILL db", "KILL nosuch",
         "RELOAD", "SHUTDOWN")),
     "stats_user": bytes([STATS]) + query("SET x = 1") + query("SHOW STATS") + query("RELOAD"),
+    # (left suspended: the harness resumes before the next input's login)
+    "suspend": bytes([CHUNK_ALL]) + query("SUSPEND") + query("SHOW STATE"),
     "empty_query": bytes([CHUNK_ALL]) + query("") + query(";;  ;"),
     "extended": bytes([CHUNK_ALL]) + msg("P", b"\0SELECT 1\0\0\0") + msg("B", b"\0\0" + b"\0" * 6)
     + msg("E", b"\0\0\0\0\0") + msg("S"),
