@@ -1328,7 +1328,7 @@ static void fail_message(struct client *c, struct evbuffer *in, char type, uint3
 		log_warning("%s pooler error: %s", client_ident(c, ident, sizeof(ident)), msg);
 	drop_message(c, in, len);
 	pkt_error(pb, "ERROR", sqlstate, msg, NULL);
-	if (type == 'Q' || type == 'S' || type == 'F')
+	if (rq_owes_ready(type))
 		pkt_ready(pb, client_txn_status(c));
 	else
 		c->skip_to_sync = true;

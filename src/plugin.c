@@ -943,7 +943,7 @@ static int api_ev_past_sync(lk_event *ev)
 		return -1;
 	for (uint32_t i = 0; s && s->rq.syncs && i < s->rq.count; i++) {
 		const struct rq_item *it = rq_at(&s->rq, i);
-		if ((it->type == 'S' || it->type == 'Q' || it->type == 'F') && it->act != RQ_HIDE)
+		if (rq_owes_ready(it->type) && it->act != RQ_HIDE)
 			return 1;
 	}
 	return 0;
@@ -2180,6 +2180,12 @@ uint32_t plugin_query_reparse_msgs(struct client *c, struct lk_event *ev, struct
 	return stmt_parse_msgs(c, ev->stmt, ev->reparse, pb, hidden_acks);
 }
 
+/* (rq_unsettled: a re-parse of the client's statement arg) */
+static bool reparse_of(const struct rq_item *it, const void *arg)
+{
+	return it->reparse_gen && strcmp(it->name, arg) == 0;
+}
+
 /*
  * A Bind of `name` with no re-parse (statements not cached by the core):
  * does the server's text of it need sending again first? When a re-parse
@@ -2192,19 +2198,10 @@ uint32_t plugin_query_reparse_msgs(struct client *c, struct lk_event *ev, struct
 uint32_t plugin_stmt_resend_msgs(struct client *c, struct server *s, const char *name, struct pktbuf *pb,
 				 int *hidden_acks)
 {
+	bool unsure = rq_unsettled(&s->rq, reparse_of, name);
 	struct stmt_text *st;
-	bool unsure = false, reparse = false;
 
 	*hidden_acks = 0;
-	for (uint32_t i = 0; s->rq.syncs && i < s->rq.count; i++) {
-		const struct rq_item *it = rq_at(&s->rq, i);
-		if (it->type == 'S' || it->type == 'Q' || it->type == 'F') {
-			unsure = reparse;	/* the last re-parse is of an earlier batch, not answered yet */
-		} else if (it->reparse_gen && strcmp(it->name, name) == 0) {
-			reparse = true;
-			unsure = false;
-		}
-	}
 	if (!unsure && !c->stmt_resends)
 		return 0;
 	st = stmt_find(c, name);

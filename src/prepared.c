@@ -48,11 +48,6 @@
 
 /* ================= the reply queue ================= */
 
-static bool owes_ready(char type)
-{
-	return type == 'S' || type == 'Q' || type == 'F';
-}
-
 struct rq_item *rq_push(struct replyq *q, char type, int act)
 {
 	struct rq_item *it;
@@ -74,7 +69,7 @@ struct rq_item *rq_push(struct replyq *q, char type, int act)
 	it->type = type;
 	it->act = (uint8_t)act;
 	q->count++;
-	q->syncs += owes_ready(type);
+	q->syncs += rq_owes_ready(type);
 	return it;
 }
 
@@ -87,7 +82,7 @@ static void entry_unref(struct ps_entry *e);
 
 static void item_release(struct replyq *q, struct rq_item *it)
 {
-	q->syncs -= owes_ready(it->type);
+	q->syncs -= rq_owes_ready(it->type);
 	entry_unref(it->e);
 	free(it->name);
 	textmap_free(it->map);
@@ -473,7 +468,7 @@ struct rq_item *server_expect(struct server *s, char type, int act)
 		server_close(s, "out of memory");
 		return NULL;
 	}
-	if (s->ext_armed && (type == 'S' || type == 'Q' || type == 'F')) {
+	if (s->ext_armed && rq_owes_ready(type)) {
 		/* its ReadyForQuery says whether the values sent inside the batch stuck */
 		it->vars_ext = true;
 		s->ext_live++;
@@ -685,25 +680,26 @@ static void send_parse(struct server *s, const struct ps_entry *e)
 	s->pool->stats.server_parse_count++;
 }
 
-/*
- * Is the last Parse or Close of e sent to the server still unanswered in an
- * earlier batch (the client sends past a Sync)? An error before it there
- * makes the server skip it, so whether the server has e is not known yet.
- */
-static bool srv_unsettled(const struct server *s, const struct ps_entry *e)
+bool rq_unsettled(const struct replyq *q, bool (*match)(const struct rq_item *it, const void *arg), const void *arg)
 {
 	bool sent = false, unsettled = false;
 
-	for (uint32_t i = 0; i < s->rq.count; i++) {
-		const struct rq_item *it = rq_at(&s->rq, i);
-		if (owes_ready(it->type)) {
+	for (uint32_t i = 0; q->syncs && i < q->count; i++) {
+		const struct rq_item *it = rq_at(q, i);
+		if (rq_owes_ready(it->type)) {
 			unsettled = sent;
-		} else if (it->e == e && (it->undo & RQ_UNDO_SRV)) {
+		} else if (match(it, arg)) {
 			sent = true;
 			unsettled = false;
 		}
 	}
 	return unsettled;
+}
+
+/* (rq_unsettled: a Parse or Close of the entry arg on the server) */
+static bool srv_changes(const struct rq_item *it, const void *arg)
+{
+	return it->e == arg && (it->undo & RQ_UNDO_SRV);
 }
 
 /*
@@ -718,7 +714,7 @@ static struct rq_item *srv_prepare(struct server *s, struct ps_entry *e, int act
 {
 	struct rq_item *it;
 
-	if (s->rq.syncs && srv_unsettled(s, e)) {
+	if (rq_unsettled(&s->rq, srv_changes, e)) {
 		struct ps_sstmt *st = sstmt_find(s, e);
 		if (!(it = server_expect(s, 'C', RQ_HIDE)))
 			return NULL;
@@ -749,7 +745,7 @@ static bool srv_ensure(struct server *s, struct ps_entry *e)
 {
 	struct ps_sstmt *st = sstmt_find(s, e);
 
-	if (st && s->rq.syncs && srv_unsettled(s, e))
+	if (st && rq_unsettled(&s->rq, srv_changes, e))
 		return srv_prepare(s, e, RQ_HIDE) != NULL;	/* it may not be there: closed and prepared */
 	if (st) {
 		TAILQ_REMOVE(&s->ps->lru, st, lru);

@@ -88,6 +88,17 @@ struct replyq {
 };
 
 /* ---- the reply queue (no server needed: unit-testable) ---- */
+/* Is a message of this type answered by a ReadyForQuery (Sync, Query, FunctionCall)? */
+static inline bool rq_owes_ready(char type)
+{
+	return type == 'S' || type == 'Q' || type == 'F';
+}
+/*
+ * Is the last item `match` takes in a batch before the queue's last item
+ * owing a ReadyForQuery (an earlier batch, not answered yet: the client sent
+ * past its Sync, and an error there may yet make the server skip the item)?
+ */
+bool rq_unsettled(const struct replyq *q, bool (*match)(const struct rq_item *it, const void *arg), const void *arg);
 struct rq_item *rq_push(struct replyq *q, char type, int act);	/* NULL: out of memory */
 struct rq_item *rq_at(const struct replyq *q, uint32_t i);	/* i-th from the head, or NULL */
 void rq_pop(struct replyq *q);

@@ -657,11 +657,6 @@ static bool completes(const struct rq_item *it, char type)
 	}
 }
 
-static bool owes_rfq(char type)
-{
-	return type == 'S' || type == 'Q' || type == 'F';
-}
-
 /* ReadyForQuery: 6 bytes are in `in`. */
 static void handle_rfq(struct server *s, struct evbuffer *in, const uint8_t *hdr)
 {
@@ -673,7 +668,7 @@ static void handle_rfq(struct server *s, struct evbuffer *in, const uint8_t *hdr
 
 	s->fwd_hidden = true;
 	while ((it = rq_head(&s->rq))) {
-		if (owes_rfq(it->type)) {
+		if (rq_owes_ready(it->type)) {
 			client_rfq = it->act != RQ_HIDE;
 			hidden_rfq = !client_rfq;
 			vars = it->vars;
@@ -842,7 +837,7 @@ static bool inspect_message(struct server *s, struct evbuffer *in, const uint8_t
 		 * Sync; a client without one in flight has the rest of its batch dropped
 		 * up to the Sync it sends (not a message a plugin's hook holds: that
 		 * one goes on when decided, and the server skips it) */
-		if (head && !owes_rfq(head->type) && !rq_discard_batch(s) && s->link && !s->link->qev)
+		if (head && !rq_owes_ready(head->type) && !rq_discard_batch(s) && s->link && !s->link->qev)
 			s->link->skip_to_sync = true;
 		if (fixed) {
 			send_fixed(s, in, len, &pb);
