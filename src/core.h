@@ -226,6 +226,8 @@ struct client {
 	bool stmt_resends;		/* a re-parse was lost once: look for texts to send again */
 	struct ps_cli *ps;		/* its prepared statements (prepared.c), NULL until one */
 	bool ps_on;			/* max_prepared_statements applies (not session mode) */
+	struct answer_wait *answer_waits;	/* plugins waiting for its messages' answers (client_on_answered) */
+	struct event *answer_ev;	/* ... told from the loop */
 	struct rt_names rnames;		/* statements and portals whose RowDescriptions a plugin's
 					 * tables rename (api->query_result_tables) */
 	uint64_t affinity;		/* a plugin's affinity key for server choice (0: none) */
@@ -536,6 +538,7 @@ void plugin_client_close(struct client *c);
 void plugin_server_close(struct server *s);
 void plugin_shutdown(void);		/* LK_HOOK_SHUTDOWN, once per process */
 void plugin_client_free(struct client *c);
+void plugin_client_answered(struct client *c);
 void plugin_server_free(struct server *s);
 bool plugin_transport_connect(struct server *s);
 bool plugin_transport_cancel(struct server *s, const uint8_t *pkt16);

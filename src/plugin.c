@@ -171,6 +171,13 @@ struct lk_timer {
 	bool repeat;
 };
 
+struct answer_wait {
+	struct answer_wait *next;
+	struct lk_plugin *pl;
+	lk_answered_fn fn;
+	void *arg;
+};
+
 struct pg_cb {
 	struct pg_cb *next;
 	char *sql;
@@ -1240,9 +1247,90 @@ void plugin_shutdown(void)
 		chain_notify(LK_HOOK_SHUTDOWN, NULL, NULL);
 }
 
+/* ================= clients' answers (client_on_answered) ================= */
+
+/* Has every message the client sent its server been answered? */
+static bool client_answered(const struct client *c)
+{
+	return !c->link || !c->link->rq.count;
+}
+
+static void answer_waits_free(struct answer_wait *w)
+{
+	while (w) {
+		struct answer_wait *next = w->next;
+		free(w);
+		w = next;
+	}
+}
+
+static void answered_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct client *c = arg;
+	struct answer_wait *w;
+
+	(void)fd;
+	(void)what;
+	rt->now = now_mono();
+	if (c->closing || !client_answered(c))
+		return;		/* a later answer tells again */
+	/* one at a time: a waiter that resumes the client may send it on (c outlives
+	 * this loop turn even if a waiter closes it: client_free_now) */
+	while ((w = c->answer_waits) && !c->closing && client_answered(c)) {
+		c->answer_waits = w->next;
+		lk_answered_fn fn = w->fn;
+		struct lk_plugin *pl = w->pl;
+		void *a = w->arg;
+		free(w);
+		fn(pl, (lk_client *)c, a);
+	}
+}
+
+/* A ReadyForQuery left nothing of the client's unanswered: its waiters are told from the loop. */
+void plugin_client_answered(struct client *c)
+{
+	if (c->answer_waits && c->answer_ev && client_answered(c))
+		event_active(c->answer_ev, 0, 0);
+}
+
+static int api_client_on_answered(lk_plugin *self, lk_client *h, lk_answered_fn fn, void *arg)
+{
+	struct client *c = CL(h);
+	struct answer_wait *w;
+
+	if (!self || !c || !fn || c->closing)
+		return -1;
+	if (client_answered(c))
+		return 1;
+	/* sent since its last Sync: PostgreSQL answers those at that Sync, which has not come */
+	const struct rq_item *last = rq_at(&c->link->rq, c->link->rq.count - 1);
+	if (!last || !rq_owes_ready(last->type))
+		return -1;
+	if (!c->answer_ev && !(c->answer_ev = event_new(rt->base, -1, 0, answered_cb, c)))
+		return -1;
+	for (w = c->answer_waits; w && w->pl != self; w = w->next)
+		;
+	if (!w) {
+		w = xcalloc(1, sizeof(*w));
+		w->pl = self;
+		w->next = c->answer_waits;
+		c->answer_waits = w;
+	}
+	w->fn = fn;
+	w->arg = arg;
+	return 0;
+}
+
 void plugin_client_free(struct client *c)
 {
 	struct stmt_text *st, *next;
+
+	answer_waits_free(c->answer_waits);
+	c->answer_waits = NULL;
+	if (c->answer_ev) {
+		event_free(c->answer_ev);
+		c->answer_ev = NULL;
+	}
 
 	plugin_event_free(c->qev);
 	plugin_event_free(c->rev);
@@ -3509,4 +3597,5 @@ static const struct lk_api api_table = {
 	.tables_release = api_tables_release,
 	.query_result_tables = api_query_result_tables,
 	.ev_past_sync = api_ev_past_sync,
+	.client_on_answered = api_client_on_answered,
 };

@@ -701,6 +701,8 @@ static void handle_rfq(struct server *s, struct evbuffer *in, const uint8_t *hdr
 	batch_take(s, in, 6);
 	batch_flush(s, in);
 	rq_flush_synth(s);
+	if (c && c->answer_waits && !s->rq.count)
+		plugin_client_answered(c);	/* told after TXN_END, from the loop */
 	if (s->rq.count || status != 'I' || s->copy_in || s->ext_open) {
 		/* ext_open: a prefix answered while the client's batch has no Sync yet */
 		if (c && status != 'I' && pool_mode_of(s->pool) == POOL_STATEMENT && !s->rq.count)

@@ -40,7 +40,7 @@ extern "C" {
 
 #define LK_PLUGIN_MAGIC 0x4c4b504cu	/* "LKPL" */
 #define LK_ABI_MAJOR 1
-#define LK_ABI_MINOR 14
+#define LK_ABI_MINOR 15
 #define LK_PLUGIN_SYMBOL "lokadb_plugin"
 
 /* Opaque handles. */
@@ -119,6 +119,7 @@ typedef int (*lk_console_fn)(lk_plugin *self, lk_result *res, const char *args);
 /* A transport opens the connection described by `req` (see api->connect_*). */
 typedef int (*lk_transport_fn)(lk_plugin *self, lk_connect *req);
 typedef void (*lk_timer_fn)(lk_plugin *self, void *arg);
+typedef void (*lk_answered_fn)(lk_plugin *self, lk_client *c, void *arg);	/* ABI 1.15 */
 /* ok = 1: connected; ok = 0: the connect failed or the connection broke (err says why). */
 typedef void (*lk_pg_state_fn)(lk_plugin *self, lk_pg *pg, int ok, const char *err, void *arg);
 /* One call per query with its last result (NULL when the connection broke); freed after the call. */
@@ -569,6 +570,18 @@ struct lk_api {
 	 * pipelines: what its earlier batches do is not known yet), 0 when
 	 * not, -1 for other events. */
 	int (*ev_past_sync)(lk_event *ev);
+
+	/* ---- ABI 1.15 ---- */
+	/* Call fn(self, c, arg) once every message client `c` has sent to its
+	 * server so far is answered (what a QUERY hook holds with LK_ASYNC is
+	 * not sent): from the event loop, never inside this call, after the
+	 * TXN_END of the last of them if it ended a transaction. 1: nothing is
+	 * unanswered now and fn is not called; 0: fn will be, unless the
+	 * client closes first (CLIENT_CLOSE instead); -1: bad arguments, or
+	 * the client sent messages since its last Sync (or Query), which
+	 * PostgreSQL answers only at a Sync that has not come: no wait. One
+	 * waiter per plugin and client: a second call replaces the first. */
+	int (*client_on_answered)(lk_plugin *self, lk_client *c, lk_answered_fn fn, void *arg);
 };
 
 #ifdef __cplusplus

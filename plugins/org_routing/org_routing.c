@@ -92,7 +92,7 @@ enum or_counter {
 	N_PASSED, N_ROUTED, N_ORG_STATEMENT, N_ORG_SESSION, N_ORG_NONE, N_PREFIXES, N_PREFIXES_SKIPPED,
 	N_REFUSED, N_REWRITTEN, N_REWRITE_FAILED, N_PARSE_ERRORS, N_SESSION_CHANGES, N_HELD,
 	N_REPARSED, N_HELD_PAUSE, N_PAUSE_TIMEOUTS, N_PLAN_MODE, N_REPARSE_LOST, N_REPARSE_REFUSED, N_PREFILTERED,
-	N_PREFIXES_KNOWN, N_NORMALIZED, N_NORM_HITS, N_REWRITES_MADE,
+	N_PREFIXES_KNOWN, N_NORMALIZED, N_NORM_HITS, N_REWRITES_MADE, N_HELD_ANSWERS,
 	N_COUNT
 };
 static const char *const counter_names[N_COUNT] = {
@@ -101,6 +101,7 @@ static const char *const counter_names[N_COUNT] = {
 	"session_changes", "held_for_catalog", "reparsed", "held_for_pause", "pause_timeouts",
 	"plan_mode_sets", "reparses_lost", "reparses_refused", "statements_prefiltered",
 	"prefixes_known", "statements_normalized", "normalized_cache_hits", "rewrites_made",
+	"held_for_answers",
 };
 
 struct orc;
@@ -177,6 +178,10 @@ struct orc {
 	bool hooked_any;		/* any Query, Parse or Bind */
 	bool last_ends_txn;		/* the last one was a COMMIT or ROLLBACK */
 	bool pipelines;			/* seen sending past a Sync (no leaf re-parses at its Binds) */
+	bool unsettled;			/* a session effect sent since its last TXN_END: an error may undo it */
+	bool sent_block;		/* a BEGIN sent, its COMMIT or ROLLBACK not (unsettled effects stay in it) */
+	lk_event *answer_ev;		/* a message sent past a Sync behind an unsettled effect, waiting for
+					 * the answers before it (api->client_on_answered) */
 	uint8_t calm;			/* single-statement batches since; 8 clear `pipelines` */
 	uint64_t txns;
 	lk_event *held;			/* a message waiting for meta_cache's reload */
@@ -733,6 +738,10 @@ static void apply_effect(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 		set_owned(&x->saved_path, x->search_path);
 		x->saved = true;
 	}
+	if (st->effect == OR_FX_BEGIN)
+		x->sent_block = true;
+	else if (st->effect != OR_FX_ROLLBACK)
+		x->unsettled = true;	/* until its transaction is known to have ended well (or_query) */
 	switch (st->effect) {
 	case OR_FX_SET_ORG:
 		forget_var(ev, "lokadb.org");
@@ -1747,6 +1756,8 @@ static int route_now(struct orr *g, lk_event *ev, lk_client *c, struct orc *x)
 	if (!a)
 		goto done;
 	x->last_ends_txn = a->ends_txn;
+	if (a->ends_txn)
+		x->sent_block = false;
 	if (a->parse_error)
 		g->n[N_PARSE_ERRORS]++;
 	if (!a->tables && !a->effects && !(a->executes && force_custom(g))) {
@@ -1806,6 +1817,20 @@ static void catalog_loaded(void *arg, uint64_t version)
 	x->held = NULL;
 	x->g->n[N_HELD]++;
 	continue_message(x->g, ev, x->c, x);
+}
+
+/* The batches before a held message are answered, and TXN_END settled what they did: decide it. */
+static void batches_answered(lk_plugin *self, lk_client *c, void *arg)
+{
+	struct orc *x = arg;
+	lk_event *ev = x->answer_ev;
+
+	if (!ev)
+		return;
+	x->answer_ev = NULL;
+	if (x->unsettled)
+		x->sent_block = true;	/* no TXN_END: its server is in a block (a BEGIN not seen as one) */
+	continue_message(G(self), ev, c, x);
 }
 
 /* After a catalog change: release the messages whose organization is no longer paused. */
@@ -2029,7 +2054,8 @@ static int or_query(lk_plugin *self, lk_event *ev)
 	}
 	x->hooked_any = true;
 	x->last_ends_txn = false;	/* route_now sets it from the analysis */
-	if (LK_API_HAS(api, ev_past_sync) && api->ev_past_sync(ev) == 1) {
+	bool past_sync = LK_API_HAS(api, ev_past_sync) && api->ev_past_sync(ev) == 1;
+	if (past_sync) {
 		x->pipelines = true;	/* sent past an unanswered Sync: it pipelines */
 		x->calm = 0;
 	}
@@ -2042,6 +2068,19 @@ static int or_query(lk_plugin *self, lk_event *ev)
 		return LK_CONTINUE;
 	}
 	subscribe(g);
+	/*
+	 * Sent past the Sync of a batch that changed the session (SET
+	 * search_path or lokadb.org, a temporary table) outside a block: an
+	 * error in that batch makes PostgreSQL undo the change, and this
+	 * message runs without it. It is decided once the batches before it
+	 * are answered and TXN_END has said how their transaction ended.
+	 */
+	if (past_sync && x->unsettled && !x->sent_block && LK_API_HAS(api, client_on_answered) &&
+	    api->client_on_answered(self, c, batches_answered, x) == 0) {
+		x->answer_ev = ev;
+		g->n[N_HELD_ANSWERS]++;
+		return LK_ASYNC;
+	}
 	return decide_message(g, ev, c, x);
 }
 
@@ -2175,8 +2214,12 @@ static int or_txn_end(lk_plugin *self, lk_event *ev)
 	x->changed_in_block = false;
 	txn_end_batch(x);
 	/* rolled back by an error: what the transaction SET is undone, as a ROLLBACK
-	 * undoes it (not told apart when the client sends past a Sync) */
-	failed = LK_API_HAS(api, ev_txn_failed) && api->ev_txn_failed(ev) == 1 && !x->pipelines;
+	 * undoes it (a core before ABI 1.15 cannot hold what a client sends past
+	 * the Sync of such a transaction: its TXN_END may be a later batch's) */
+	failed = LK_API_HAS(api, ev_txn_failed) && api->ev_txn_failed(ev) == 1 &&
+		 (!x->pipelines || LK_API_HAS(api, client_on_answered));
+	x->unsettled = false;
+	x->sent_block = false;
 	if (failed) {
 		if (x->saved) {
 			set_owned(&x->session_org, x->saved_org);
@@ -2213,6 +2256,7 @@ static int or_client_close(lk_plugin *self, lk_event *ev)
 	pause_unlink(x);
 	if (x->pause_timer)
 		api->timer_cancel(x->pause_timer);
+	x->answer_ev = NULL;		/* (the core drops its waiter) */
 	plog_flush(g, x);
 	while (x->pstmts) {
 		struct or_pstmt *p = x->pstmts;

@@ -104,7 +104,8 @@ SHOW_COLUMNS = ["parse_cache_entries", "parse_cache_size", "parse_cache_hits", "
                 "prefixes_skipped", "refused", "rewritten", "rewrite_failed", "parse_errors",
                 "session_changes", "held_for_catalog", "reparsed", "held_for_pause", "pause_timeouts",
                 "plan_mode_sets", "reparses_lost", "reparses_refused", "statements_prefiltered",
-                "prefixes_known", "statements_normalized", "normalized_cache_hits", "rewrites_made"]
+                "prefixes_known", "statements_normalized", "normalized_cache_hits", "rewrites_made",
+                "held_for_answers"]
 
 
 # ------------------------------------------------------------------ setup --
@@ -589,6 +590,63 @@ def test_what_a_failed_transaction_set_is_undone_as_postgresql_undoes_it(router)
                    raise_error=False).error is not None
     w.query(f"SELECT count(*) FROM documents WHERE organization_id = {ISOLATED}")
     assert any("rewrite=leaf" in l for l in route_lines(b, mark))
+    w.close()
+
+
+@pytest.mark.parametrize("pool_mode", ["session", "transaction"])
+def test_a_statement_sent_past_a_failed_batch_sees_what_postgresql_kept(router, pool_mode):
+    """A client that sends its next statements before the ReadyForQuery of
+    a batch that SETs search_path or lokadb.org and then fails: PostgreSQL
+    rolls the SET back, so those statements run with the session's old
+    values, and the plugin must decide them on those values too, not on
+    the SET's. Without waiting for that batch's answer, the plugin took the
+    `documents` of a rolled-back `SET search_path = public` for the LokaDB
+    table and addressed the count to organization 2's leaf (30 rows) where
+    PostgreSQL, still on `other`, refuses it (42703), and gave a statement
+    without an organization the rolled-back organization 5."""
+    b = router(settings={"pool_mode": pool_mode})
+    w = b.login("app", USER)
+    one = Wire.bind_msg() + Wire.execute_msg()
+    fail = Wire.parse_msg("SELECT 1/0") + one + Wire.sync_msg()
+    count = f"SELECT count(*) FROM documents WHERE organization_id = {ISOLATED}"
+    for _ in range(2):      # the second round: pipelining is known by then
+        assert w.query("SET search_path = other, public").error is None
+        w.send(Wire.parse_msg("SET search_path = public") + one + fail
+               + Wire.parse_msg(count) + one + Wire.sync_msg())
+        assert w.read_until_ready(timeout=5 * SLOW).error.sqlstate == "22012"
+        res = w.read_until_ready(timeout=5 * SLOW)
+        assert res.error is not None and res.error.sqlstate == "42703", res.rows
+        # the same as a simple Query sent behind the batch
+        w.send(Wire.parse_msg("SET search_path = public") + one + fail + message(b"Q", count.encode() + b"\0"))
+        assert w.read_until_ready(timeout=5 * SLOW).error.sqlstate == "22012"
+        res = w.read_until_ready(timeout=5 * SLOW)
+        assert res.error is not None and res.error.sqlstate == "42703", res.rows
+        assert w.query("RESET search_path").error is None
+        # lokadb.org: the statement without an organization keeps the session's 3
+        assert w.query("SET lokadb.org = '3'").error is None
+        w.send(Wire.parse_msg("SET lokadb.org = '5'") + one + fail
+               + Wire.parse_msg(f"SELECT {SETTING}, count(*) FROM documents") + one + Wire.sync_msg())
+        assert w.read_until_ready(timeout=5 * SLOW).error.sqlstate == "22012"
+        assert w.read_until_ready(timeout=5 * SLOW).rows[0][0] == "3"
+        # and a batch that worked: its SET holds for what was sent behind it
+        w.send(Wire.parse_msg("SET search_path = public") + one + Wire.sync_msg()
+               + Wire.parse_msg(count) + one + Wire.sync_msg())
+        assert w.read_until_ready(timeout=5 * SLOW).error is None
+        assert w.read_until_ready(timeout=5 * SLOW).rows == [[str(DOCS_PER_ORG)]]
+        assert w.query("RESET search_path; RESET lokadb.org").error is None
+    # held once per batch that changed the session (4 such batches a round); a pipeline
+    # of batches that change nothing, or inside a block, is not held
+    held = stats(b)["held_for_answers"]
+    assert held == 8, held
+    w.send((Wire.parse_msg(count) + one + Wire.sync_msg()) * 3)
+    for _ in range(3):
+        assert w.read_until_ready(timeout=5 * SLOW).rows == [[str(DOCS_PER_ORG)]]
+    w.send(Wire.parse_msg("BEGIN") + one + Wire.sync_msg() + Wire.parse_msg("SET search_path = other, public")
+           + one + Wire.sync_msg() + Wire.parse_msg("SELECT note FROM documents WHERE id = 1") + one
+           + Wire.sync_msg() + Wire.parse_msg("ROLLBACK") + one + Wire.sync_msg())
+    replies = [w.read_until_ready(timeout=5 * SLOW) for _ in range(4)]
+    assert replies[2].rows == [["not a LokaDB table"]] and replies[3].tags == ["ROLLBACK"], replies
+    assert stats(b)["held_for_answers"] == held
     w.close()
 
 
