@@ -648,6 +648,18 @@ def test_a_statement_sent_past_a_failed_batch_sees_what_postgresql_kept(router, 
     assert replies[2].rows == [["not a LokaDB table"]] and replies[3].tags == ["ROLLBACK"], replies
     assert stats(b)["held_for_answers"] == held
     w.close()
+    # a client that goes away while its message is held: nothing is left waiting
+    for _ in range(3):
+        w = b.login("app", USER)
+        w.send(Wire.parse_msg("SET search_path = public") + one + Wire.parse_msg("SELECT pg_sleep(0.2)") + one
+               + Wire.sync_msg() + Wire.parse_msg(count) + one + Wire.sync_msg())
+        wait_until(lambda: stats(b)["held_for_answers"] > held, 5 * SLOW, what="the message to be held")
+        held += 1
+        w.close()
+    assert b.alive()
+    w = b.login("app", USER)
+    assert w.query(count).rows == [[str(DOCS_PER_ORG)]]
+    w.close()
 
 
 def test_a_temporary_table_hides_the_lokadb_table_of_its_name(router, app):
