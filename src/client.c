@@ -1651,6 +1651,42 @@ static bool names_message(struct client *c, struct evbuffer *in, char type, uint
 	return more;
 }
 
+/*
+ * A Close of a client whose statement texts plugins see: forwarded as any
+ * other, then the text of a statement it closes goes, into the Close's
+ * reply item (the server may yet skip the Close: plugin_stmt_undo).
+ */
+static bool stmt_close_message(struct client *c, struct evbuffer *in, uint32_t len)
+{
+	struct server *s = c->link;
+	char name[256];
+	bool stmt = false, more;
+	const uint8_t *b;
+	uint32_t items = s->rq.count;
+
+	if (!want_whole(c, in, len))
+		return false;
+	b = evbuffer_pullup(in, (ssize_t)len + 1) + 5;
+	if (len >= 6 && b[0] == 'S' && b[len - 5] == 0 && len - 5 < sizeof(name)) {
+		memcpy(name, b + 1, len - 5);
+		stmt = true;
+	}
+	if (c->rnames.n) {
+		more = names_message(c, in, 'C', len);
+	} else if (c->ps_on) {
+		more = ps_message(c, in, 'C', len);
+	} else {
+		note_sent_to_server(c, 'C');
+		forward_bytes(c, in, len + 1);
+		more = !c->throttled;
+	}
+	if (stmt && !c->closing && !s->closing) {
+		struct rq_item *it = s->rq.count > items ? rq_at(&s->rq, s->rq.count - 1) : NULL;
+		plugin_stmt_closed(c, name, it && it->type == 'C' ? it : NULL);
+	}
+	return more;
+}
+
 /* Query, Parse or Bind of a client a plugin watches: the QUERY hook decides. */
 static bool watched_message(struct client *c, struct evbuffer *in, char type, uint32_t len)
 {
@@ -1725,6 +1761,8 @@ static bool watched_message(struct client *c, struct evbuffer *in, char type, ui
 		return !c->throttled && !c->fwd_remaining && !c->closing;
 	}
 	note_sent_to_server(c, type);
+	if (type == 'Q')	/* PostgreSQL drops the unnamed statement */
+		plugin_stmt_closed(c, "", rq_at(&c->link->rq, c->link->rq.count - 1));
 	if (plugin_query_build(c, ev, &rt->pb)) {
 		struct evbuffer *out = bufferevent_get_output(c->link->bev);
 		plugin_query_give_map(ev, rq_at(&c->link->rq, c->link->rq.count - 1));
@@ -1736,6 +1774,7 @@ static bool watched_message(struct client *c, struct evbuffer *in, char type, ui
 			conn_want_read(&c->io, false);
 		}
 	} else {
+		plugin_query_give_map(ev, rq_at(&c->link->rq, c->link->rq.count - 1));
 		forward_bytes(c, in, len + 1);
 		conn_set_rd_high(&c->io, CLIENT_READ_HIGH);
 	}
@@ -1756,6 +1795,23 @@ void client_hook_resumed(struct client *c, struct lk_event *ev)
 			client_auth_lookup_decided(c);
 	}
 	client_resume(c);
+}
+
+/*
+ * A Parse of a name the client has, with the core's prepared statements:
+ * ps_parse refuses it (42P05) as PostgreSQL would. No plugin sees it, and
+ * no text is noted for the name, which keeps its statement.
+ */
+static bool parse_refused(const struct client *c, struct evbuffer *in, char type, uint32_t len)
+{
+	uint8_t head[5 + 256];
+	uint32_t have = len + 1 < sizeof(head) ? len + 1 : (uint32_t)sizeof(head);
+
+	if (type != 'P' || !c->ps_on || !c->ps)
+		return false;
+	if (evbuffer_copyout(in, head, have) != (ev_ssize_t)have)
+		return false;
+	return ps_parse_name_in_use(c, head, have);
 }
 
 /* One message of a logged-in client. Returns false to stop the loop. */
@@ -1820,7 +1876,8 @@ static bool client_message(struct client *c, struct evbuffer *in)
 	if (c->skip_to_sync || c->watch || c->qev) {
 		if (c->skip_to_sync)
 			return skip_message(c, in, (char)hdr[0], len);
-		if (c->qev || ((hdr[0] == 'Q' || hdr[0] == 'P' || hdr[0] == 'B') && hook_on(LK_HOOK_QUERY)))
+		if (c->qev || ((hdr[0] == 'Q' || hdr[0] == 'P' || hdr[0] == 'B') && hook_on(LK_HOOK_QUERY) &&
+			       !parse_refused(c, in, (char)hdr[0], len)))
 			return watched_message(c, in, (char)hdr[0], len);
 	}
 	if (!c->link) {
@@ -1829,6 +1886,8 @@ static bool client_message(struct client *c, struct evbuffer *in)
 			return r < 0 && !c->closing;
 	}
 	c->request_time = rt->now;
+	if (hdr[0] == 'C' && c->stmts)
+		return stmt_close_message(c, in, len);
 	if (c->rnames.n && (hdr[0] == 'D' || hdr[0] == 'C'))
 		return names_message(c, in, (char)hdr[0], len);
 	if (c->ps_on && (hdr[0] == 'P' || hdr[0] == 'B' || hdr[0] == 'D' || hdr[0] == 'C'))

@@ -539,6 +539,12 @@ void plugin_server_close(struct server *s);
 void plugin_shutdown(void);		/* LK_HOOK_SHUTDOWN, once per process */
 void plugin_client_free(struct client *c);
 void plugin_client_answered(struct client *c);
+/* The statement texts plugins see (stmt_text) follow the client's Parse, Close and Query, with their undo. */
+struct rq_item;
+void plugin_stmt_drop(struct stmt_text *st);
+void plugin_stmt_undo(struct client *c, struct rq_item *it, bool failed);
+void plugin_stmt_closed(struct client *c, const char *name, struct rq_item *it);
+void plugin_stmts_dropped(struct client *c);
 void plugin_server_free(struct server *s);
 bool plugin_transport_connect(struct server *s);
 bool plugin_transport_cancel(struct server *s, const uint8_t *pkt16);

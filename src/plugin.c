@@ -89,6 +89,8 @@ struct lk_event {
 	int n_prefix;
 	char *reparse;			/* B: parse the bound statement again with this text first */
 	struct textmap *map;		/* query_text_spans of new_sql (ABI 1.12), until the reply queue takes it */
+	struct stmt_text *st_before;	/* a Parse: the name's entry it replaced (owned), until the reply queue takes it */
+	uint64_t st_made;		/* ... and the entry it made (stmt_text.id) */
 	struct lk_tables *tables;	/* query_result_tables (ABI 1.13): a reference */
 	int n_vars;			/* query_set_var, in ->vars */
 	struct { struct lk_plugin *pl; lk_vars_fn fn; void *arg; } on_vars[4];	/* query_on_vars */
@@ -210,6 +212,7 @@ struct stmt_text {
 	uint8_t *types;			/* the Parse's parameter type block: int16 n + n int32 OIDs */
 	uint32_t types_len;
 	uint32_t gen;			/* changes with each text noted (stmt_gen) */
+	uint64_t id;			/* the entry's own, for the undo of the client's Parse that made it */
 	bool resend;			/* a re-parse of `sql` did not reach the server: Parse it again before its next Bind */
 };
 
@@ -366,6 +369,11 @@ void plugin_event_free(struct lk_event *ev)
 		free(ev->reparse);
 	if (ev->map)
 		textmap_free(ev->map);
+	if (ev->st_made) {
+		plugin_stmt_drop(ev->st_before);
+		ev->st_before = NULL;
+		ev->st_made = 0;
+	}
 	if (ev->tables)
 		rt_tables_release(ev->tables);
 	if (ev->res)
@@ -1401,6 +1409,122 @@ static struct stmt_text *stmt_find(struct client *c, const char *name)
 	return NULL;
 }
 
+/* Take the entry of `name` off the client's list (NULL: none). */
+static struct stmt_text *stmt_detach(struct client *c, const char *name)
+{
+	for (struct stmt_text **pp = &c->stmts; *pp; pp = &(*pp)->next) {
+		struct stmt_text *st = *pp;
+		if (strcmp(st->name, name) == 0) {
+			*pp = st->next;
+			st->next = NULL;
+			return st;
+		}
+	}
+	return NULL;
+}
+
+void plugin_stmt_drop(struct stmt_text *st)
+{
+	if (st)
+		stmt_free(st);
+}
+
+/*
+ * The client's Parse: the name's entry before it is kept aside (ev, then
+ * the Parse's reply item) so that the entry comes back if PostgreSQL skips
+ * or refuses the Parse (plugin_stmt_undo); the Parse's text is noted in an
+ * entry of its own.
+ */
+static void note_client_parse(struct client *c, struct lk_event *ev, const char *name, const char *sql,
+			      const uint8_t *types, uint32_t len)
+{
+	static uint64_t ids;
+	struct stmt_text *st;
+
+	if (ev->st_made) {		/* (built twice) */
+		plugin_note_parse_types(c, name, sql, types, len);
+		return;
+	}
+	ev->st_before = stmt_detach(c, name);
+	plugin_note_parse_types(c, name, sql, types, len);
+	st = stmt_find(c, name);
+	if (st) {
+		st->id = ++ids;
+		ev->st_made = st->id;
+	} else {
+		plugin_stmt_drop(ev->st_before);
+		ev->st_before = NULL;
+	}
+}
+
+/* Back in the client's list: an entry an undone message had taken off. */
+static void stmt_reattach(struct client *c, struct rq_item *it)
+{
+	struct stmt_text *st = it->st_before;
+
+	if (!st || stmt_find(c, st->name))
+		return;		/* a later message noted another text: it came last */
+	it->st_before = NULL;
+	st->next = c->stmts;
+	c->stmts = st;
+	if (st->resend)
+		c->stmt_resends = true;
+}
+
+/*
+ * The server skipped (or, `failed`, refused) the client's message of item
+ * `it`: what it did to the statement texts is undone. A Parse's entry goes
+ * and the one before it comes back (a Parse that fails keeps an existing
+ * statement of its name, 42P05; only the unnamed statement is dropped
+ * before PostgreSQL parses the new one). A Close or a Query (which drops
+ * the unnamed statement) gives back the entry it took off.
+ */
+void plugin_stmt_undo(struct client *c, struct rq_item *it, bool failed)
+{
+	if (!c || !it->st_undo)
+		return;
+	if (it->type == 'P') {
+		struct stmt_text *cur = c->stmts;
+		while (cur && cur->id != it->st_made)
+			cur = cur->next;
+		if (!it->st_made || !cur)
+			return;		/* a later message noted another text */
+		stmt_free(stmt_detach(c, cur->name));
+		if (!(failed && it->st_before && !it->st_before->name[0]))
+			stmt_reattach(c, it);
+	} else {
+		stmt_reattach(c, it);
+	}
+	it->st_undo = false;
+}
+
+/* The client's Close of statement `name` (or a Query: "") went: its entry goes, into `it` for an undo. */
+void plugin_stmt_closed(struct client *c, const char *name, struct rq_item *it)
+{
+	struct stmt_text *st = stmt_detach(c, name);
+
+	if (!st)
+		return;
+	if (!it || it->st_before) {
+		stmt_free(st);
+		return;
+	}
+	it->st_before = st;
+	it->st_undo = true;
+}
+
+/* DISCARD ALL or DEALLOCATE ALL of the client's: it has no statement left. */
+void plugin_stmts_dropped(struct client *c)
+{
+	struct stmt_text *st, *next;
+
+	for (st = c->stmts; st; st = next) {
+		next = st->next;
+		if (st->name[0])
+			stmt_free(stmt_detach(c, st->name));
+	}
+}
+
 void plugin_note_parse(struct client *c, const char *name, const char *sql)
 {
 	plugin_note_parse_types(c, name, sql, NULL, 0);
@@ -1658,7 +1782,16 @@ static int api_query_text_spans(lk_event *ev, const lk_text_span *spans, int n)
  * (and a Query its result tables). */
 void plugin_query_give_map(struct lk_event *ev, struct rq_item *it)
 {
-	if (!it || it->type != ev->qtype || it->act != RQ_FWD)
+	if (!it || it->type != ev->qtype || it->act == RQ_HIDE)
+		return;
+	if (ev->st_made && it->type == 'P' && !it->st_undo) {
+		it->st_before = ev->st_before;
+		it->st_made = ev->st_made;
+		it->st_undo = true;
+		ev->st_before = NULL;
+		ev->st_made = 0;
+	}
+	if (it->act != RQ_FWD)
 		return;
 	if (ev->map && !it->map) {
 		it->map = ev->map;
@@ -2429,8 +2562,8 @@ bool plugin_query_build(struct client *c, struct lk_event *ev, struct pktbuf *pb
 			pkt_end(pb);
 			changed = true;
 		}
-		plugin_note_parse_types(c, ev->stmt, ev->new_sql ? ev->new_sql : ev->sql,
-					ev->body + ev->params_off - 2, 2 + 4u * (uint32_t)ev->nparams);
+		note_client_parse(c, ev, ev->stmt, ev->new_sql ? ev->new_sql : ev->sql,
+				  ev->body + ev->params_off - 2, 2 + 4u * (uint32_t)ev->nparams);
 		break;
 	case 'B':
 		if (ev->param_set) {

@@ -87,6 +87,9 @@ static void item_release(struct replyq *q, struct rq_item *it)
 	free(it->name);
 	textmap_free(it->map);
 	rt_tables_release(it->tables);
+	plugin_stmt_drop(it->st_before);
+	it->st_before = NULL;
+	it->st_undo = false;
 	it->tables = NULL;
 	it->e = NULL;
 	it->name = NULL;
@@ -568,7 +571,7 @@ static void srv_resettle(struct server *s, uint32_t sync, uint32_t i)
 		s->close_needed = true;		/* cannot track it: do not reuse this connection */
 }
 
-bool rq_discard_batch(struct server *s)
+bool rq_discard_batch(struct server *s, bool head_failed)
 {
 	uint32_t n = 0;
 	struct rq_item *it;
@@ -579,6 +582,8 @@ bool rq_discard_batch(struct server *s)
 		name_undo(s, n, rq_at(&s->rq, i));
 		if (rq_at(&s->rq, i)->reparse_gen)	/* (the first failed, the others were skipped) */
 			plugin_reparse_lost(s->link, rq_at(&s->rq, i));
+		if (rq_at(&s->rq, i)->st_undo)
+			plugin_stmt_undo(s->link, rq_at(&s->rq, i), head_failed && i == 0);
 	}
 	for (uint32_t i = 0; i < n; i++)
 		srv_resettle(s, n, i);
@@ -768,6 +773,14 @@ static int synth(struct client *c, char reply, int undo, struct ps_entry *e, con
 	it->name = xstrdup(name);
 	rq_flush_synth(s);
 	return PS_DONE;
+}
+
+bool ps_parse_name_in_use(const struct client *c, const uint8_t *msg, uint32_t have)
+{
+	uint32_t off = 5;
+	const char *name;
+
+	return c->ps && cstring(msg, have, &off, &name) && name[0] && cname_find(c, name, NULL);
 }
 
 int ps_parse(struct client *c, const uint8_t *msg, uint32_t mlen)

@@ -79,6 +79,12 @@ struct rq_item {
 	/* a plugin's re-parse of the client's statement `name` (statements not
 	 * cached by the core): the generation of the text it gave (0: none) */
 	uint32_t reparse_gen;
+	/* what the client's Parse, Close of a statement or Query did to the
+	 * statement texts plugins see (plugin.c's stmt_text), undone when the
+	 * server skips or refuses it (plugin_stmt_undo) */
+	struct stmt_text *st_before;	/* the name's entry before it (owned), or NULL: none */
+	uint64_t st_made;		/* the entry a Parse made (stmt_text.id), 0: none */
+	bool st_undo;
 };
 
 struct replyq {
@@ -115,10 +121,11 @@ struct rq_item *server_expect(struct server *s, char type, int act);
 /* Write the synthesized replies now at the head of the queue to the client. */
 void rq_flush_synth(struct server *s);
 /*
- * An ErrorResponse to an extended-protocol message: drop the items up to
- * the next Sync, undoing them. true: a Sync is queued.
+ * An ErrorResponse to an extended-protocol message (head_failed: the head
+ * item's), or messages the server skipped: drop the items up to the next
+ * Sync, undoing them. true: a Sync is queued.
  */
-bool rq_discard_batch(struct server *s);
+bool rq_discard_batch(struct server *s, bool head_failed);
 /* CommandComplete "DISCARD ALL" / "DEALLOCATE ALL": the session's statements are gone. */
 void ps_statements_dropped(struct server *s, bool for_client);
 
@@ -132,6 +139,8 @@ enum ps_rc { PS_PASS, PS_DONE, PS_FAIL, PS_MORE };
  * statement carrying the error and the client must skip to its Sync.
  */
 int ps_parse(struct client *c, const uint8_t *msg, uint32_t mlen);
+/* The client's Parse (its first `have` bytes at msg) names a statement it has: ps_parse refuses it (42P05). */
+bool ps_parse_name_in_use(const struct client *c, const uint8_t *msg, uint32_t have);
 int ps_describe(struct client *c, const uint8_t *msg, uint32_t mlen);
 int ps_close(struct client *c, const uint8_t *msg, uint32_t mlen);
 /*

@@ -681,7 +681,7 @@ static void handle_rfq(struct server *s, struct evbuffer *in, const uint8_t *hdr
 			rq_pop(&s->rq);
 			break;
 		}
-		rq_discard_batch(s);	/* unanswered messages before it: the server skipped them */
+		rq_discard_batch(s, false);	/* unanswered messages before it: the server skipped them */
 	}
 	if (client_rfq)
 		account_rfq(s, status);
@@ -738,8 +738,11 @@ static bool check_tag(struct server *s, struct evbuffer *in, uint32_t len, bool 
 	if (evbuffer_get_length(in) < (size_t)len + 1)
 		return false;
 	tag = (const char *)evbuffer_pullup(in, len + 1) + 5;
-	if (strcmp(tag, "DISCARD ALL") == 0 || strcmp(tag, "DEALLOCATE ALL") == 0)
+	if (strcmp(tag, "DISCARD ALL") == 0 || strcmp(tag, "DEALLOCATE ALL") == 0) {
 		ps_statements_dropped(s, for_client);
+		if (for_client && s->link)
+			plugin_stmts_dropped(s->link);
+	}
 	else if (strcmp(tag, "ROLLBACK") == 0)
 		s->ext_err = true;	/* values sent inside the batch: not taken as known */
 	return true;
@@ -839,7 +842,7 @@ static bool inspect_message(struct server *s, struct evbuffer *in, const uint8_t
 		 * Sync; a client without one in flight has the rest of its batch dropped
 		 * up to the Sync it sends (not a message a plugin's hook holds: that
 		 * one goes on when decided, and the server skips it) */
-		if (head && !rq_owes_ready(head->type) && !rq_discard_batch(s) && s->link && !s->link->qev)
+		if (head && !rq_owes_ready(head->type) && !rq_discard_batch(s, true) && s->link && !s->link->qev)
 			s->link->skip_to_sync = true;
 		if (fixed) {
 			send_fixed(s, in, len, &pb);

@@ -1092,12 +1092,45 @@ static void pstmt_forget(struct orc *x, const char *name)
 	}
 }
 
-/* Statement `name` now has text `cur` on the server for the client's `orig`. */
+/* The record whose text on the server is `cur` (a core of ABI 1.15 gives back a
+ * statement's text when PostgreSQL refuses or skips the client's Parse of a new one). */
+static struct or_pstmt *pstmt_match(const struct orc *x, const char *name, const char *cur)
+{
+	for (struct or_pstmt *p = x->pstmts; p; p = p->next)
+		if (strcmp(p->name, name) == 0 && strcmp(p->cur, cur) == 0)
+			return p;
+	return NULL;
+}
+
+/*
+ * Statement `name` now has text `cur` on the server for the client's
+ * `orig`. With a core that gives texts back, the name's record before
+ * stays too (one), for a Parse of the name that PostgreSQL refuses.
+ */
 static void pstmt_set(struct orc *x, const char *name, const char *orig, const char *cur)
 {
 	struct or_pstmt *p = calloc(1, sizeof(*p));
 
-	pstmt_forget(x, name);
+	if (LK_API_HAS(api, client_on_answered)) {
+		struct or_pstmt *same = pstmt_match(x, name, cur), **pp;
+		int n = 0;
+		if (same && strcmp(same->orig, orig) == 0) {
+			free(p);
+			return;
+		}
+		for (pp = &x->pstmts; *pp;) {	/* keep the newest other one of the name */
+			if (strcmp((*pp)->name, name) == 0 && (*pp == same || ++n > 1)) {
+				struct or_pstmt *old = *pp;
+				*pp = old->next;
+				pstmt_free(old);
+				x->npstmts--;
+			} else {
+				pp = &(*pp)->next;
+			}
+		}
+	} else {
+		pstmt_forget(x, name);
+	}
 	if (!p || !(p->name = strdup(name)) || !(p->orig = strdup(orig)) || !(p->cur = strdup(cur))) {
 		if (p)
 			pstmt_free(p);
@@ -1679,8 +1712,16 @@ static int route_now(struct orr *g, lk_event *ev, lk_client *c, struct orc *x)
 
 	if (!sql)
 		return LK_CONTINUE;
-	if (type == 'P' && x->pstmts) {
+	if (type == 'P' && x->pstmts && !LK_API_HAS(api, client_on_answered)) {
 		pstmt_forget(x, api->query_statement(ev));	/* a new text for that name */
+	} else if (type == 'B' && x->pstmts && LK_API_HAS(api, client_on_answered)) {
+		/* the core's text is the server's (it gives back one PostgreSQL kept) */
+		struct or_pstmt *p = pstmt_match(x, api->query_statement(ev), sql);
+		if (p && strcmp(p->orig, sql) != 0) {
+			if (!(orig_copy = strdup(p->orig)))
+				return LK_CONTINUE;
+			orig = orig_copy;	/* decide on the client's own text */
+		}
 	} else if (type == 'B' && x->pstmts) {
 		struct or_pstmt *p = pstmt_find(x, api->query_statement(ev));
 		if (p && strcmp(p->cur, sql) != 0) {

@@ -298,7 +298,7 @@ static void reply(bool error)
 	}
 	model_check_head();
 	if (error) {
-		rq_discard_batch(&srv);
+		rq_discard_batch(&srv, true);
 		model_skip();
 		return;
 	}

@@ -276,7 +276,7 @@ static bool test_skipped_messages_are_undone(void)
 	out_take(f.c.bev, t, sizeof(t), n, sizeof(n));
 	CHECK_STR(t, "");		/* the CloseComplete waits for the replies before it */
 	/* ErrorResponse to the Bind: the server skipped the rest up to the Sync */
-	CHECK(rq_discard_batch(&f.s));
+	CHECK(rq_discard_batch(&f.s, true));
 	CHECK(f.s.rq.count == 1 && rq_head(&f.s.rq)->type == 'S');
 	CHECK(ps_client_count(&f.c) == 1 && ps_server_count(&f.s) == 1);
 	CHECK(do_parse(&f.c, "new", "select 2") == PS_DONE);	/* "new" is free again */
@@ -305,7 +305,7 @@ static bool test_failed_batch_settles_with_the_next_one(void)
 	CHECK(do_bind(&f.c, "x") == PS_DONE);			/* ... closes y, prepares x again */
 	out_take(f.s.bev, t, sizeof(t), n, sizeof(n));
 	CHECK_STR(t, "PCPCPB");
-	CHECK(rq_discard_batch(&f.s));		/* ErrorResponse to batch 1's Parse */
+	CHECK(rq_discard_batch(&f.s, true));		/* ErrorResponse to batch 1's Parse */
 	CHECK(ps_client_count(&f.c) == 1);	/* "x" was never created; "y" was */
 	CHECK(ps_server_count(&f.s) == 1);	/* batch 2's Parse of x's text will run */
 	CHECK(do_bind(&f.c, "y") == PS_DONE);	/* y was closed by batch 2: again, making room */
@@ -343,7 +343,7 @@ static bool test_a_bind_past_a_sync_prepares_again_what_may_be_skipped(void)
 	CHECK(do_bind(&f.c, "x") == PS_DONE);			/* the same batch: settled by its own */
 	out_take(f.s.bev, t, sizeof(t), n, sizeof(n));
 	CHECK_STR(t, "B");
-	CHECK(rq_discard_batch(&f.s));		/* ErrorResponse to the first batch's Close */
+	CHECK(rq_discard_batch(&f.s, true));		/* ErrorResponse to the first batch's Close */
 	CHECK(ps_server_count(&f.s) == 2);	/* y (not closed) and x (the second batch's) */
 	while (f.s.rq.count)
 		rq_pop(&f.s.rq);
@@ -420,7 +420,7 @@ static bool test_sql_deallocate_of_a_client_name(void)
 	CHECK_STR(t, "CPPBES");
 	CHECK(f.s.rq.count == 6 && rq_at(&f.s.rq, 4)->act == RQ_FWD && rq_at(&f.s.rq, 5)->act == RQ_FWD);
 	/* an error at the first message: the server skips to the Sync, the name comes back */
-	CHECK(rq_discard_batch(&f.s));
+	CHECK(rq_discard_batch(&f.s, true));
 	CHECK(ps_client_count(&f.c) == 1);
 end:
 	fx_done(&f);
