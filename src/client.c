@@ -1761,8 +1761,8 @@ static bool watched_message(struct client *c, struct evbuffer *in, char type, ui
 		return !c->throttled && !c->fwd_remaining && !c->closing;
 	}
 	note_sent_to_server(c, type);
-	if (type == 'Q')	/* PostgreSQL drops the unnamed statement */
-		plugin_stmt_closed(c, "", rq_at(&c->link->rq, c->link->rq.count - 1));
+	if (type == 'Q')
+		plugin_stmt_query_sent(c, rq_at(&c->link->rq, c->link->rq.count - 1));
 	if (plugin_query_build(c, ev, &rt->pb)) {
 		struct evbuffer *out = bufferevent_get_output(c->link->bev);
 		plugin_query_give_map(ev, rq_at(&c->link->rq, c->link->rq.count - 1));

@@ -1513,14 +1513,26 @@ void plugin_stmt_closed(struct client *c, const char *name, struct rq_item *it)
 	it->st_undo = true;
 }
 
-/* DISCARD ALL or DEALLOCATE ALL of the client's: it has no statement left. */
-void plugin_stmts_dropped(struct client *c)
+/* The client's Query went: PostgreSQL drops the unnamed statement (a DISCARD ALL in it: see below). */
+void plugin_stmt_query_sent(struct client *c, struct rq_item *it)
+{
+	plugin_stmt_closed(c, "", it);
+	if (it && it->type == 'Q')
+		it->st_gen_at = stmt_gen ? stmt_gen : 1;
+}
+
+/*
+ * DISCARD ALL or DEALLOCATE ALL of the client's: it has no statement left
+ * but those of texts noted after the Query went (gen_at; 0: not known),
+ * which PostgreSQL parses after it.
+ */
+void plugin_stmts_dropped(struct client *c, uint32_t gen_at)
 {
 	struct stmt_text *st, *next;
 
 	for (st = c->stmts; st; st = next) {
 		next = st->next;
-		if (st->name[0])
+		if (st->name[0] && (!gen_at || (int32_t)(st->gen - gen_at) <= 0))
 			stmt_free(stmt_detach(c, st->name));
 	}
 }

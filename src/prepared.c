@@ -454,11 +454,47 @@ unsigned ps_server_count(const struct server *s)
 	return s->ps ? s->ps->tab.n : 0;
 }
 
+/* Does an item behind the head (sent after the message completing now) prepare e, or create name? */
+static bool made_later(const struct server *s, const struct ps_entry *e, const char *name)
+{
+	for (uint32_t i = 1; i < s->rq.count; i++) {
+		const struct rq_item *it = rq_at(&s->rq, i);
+		if (it->e == e && (name ? it->name && (it->undo & RQ_UNDO_CL_PARSE) && strcmp(it->name, name) == 0
+				      : (it->undo & RQ_UNDO_SRV_PARSE) != 0))
+			return true;
+	}
+	return false;
+}
+
 void ps_statements_dropped(struct server *s, bool for_client)
 {
-	srv_clear(s);
-	if (for_client && s->link)
-		cli_clear(s->link);
+	struct ps_sstmt *st, *next;
+	struct client *c = s->link;
+
+	if (s->rq.count <= 1) {
+		srv_clear(s);
+		if (for_client && c)
+			cli_clear(c);
+		return;
+	}
+	/* the Parses sent behind it (pipelined) run after it: theirs stay */
+	if (s->ps)
+		for (st = TAILQ_FIRST(&s->ps->lru); st; st = next) {
+			next = TAILQ_NEXT(st, lru);
+			if (!made_later(s, st->e, NULL))
+				sstmt_del(s, st);
+		}
+	if (for_client && c && c->ps)
+		for (uint32_t i = 0; i < c->ps->tab.nb; i++) {
+			struct ps_link **pp = &c->ps->tab.b[i];
+			while (*pp) {
+				struct ps_cname *cn = (struct ps_cname *)*pp;
+				if (made_later(s, cn->e, cn->name))
+					pp = &(*pp)->next;
+				else
+					cname_del(c, cn);
+			}
+		}
 }
 
 /* ================= replies ================= */

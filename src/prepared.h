@@ -84,6 +84,7 @@ struct rq_item {
 	 * server skips or refuses it (plugin_stmt_undo) */
 	struct stmt_text *st_before;	/* the name's entry before it (owned), or NULL: none */
 	uint64_t st_made;		/* the entry a Parse made (stmt_text.id), 0: none */
+	uint32_t st_gen_at;		/* a Query: the last text generation given when it went (0: not known) */
 	bool st_undo;
 };
 

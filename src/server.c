@@ -741,7 +741,7 @@ static bool check_tag(struct server *s, struct evbuffer *in, uint32_t len, bool 
 	if (strcmp(tag, "DISCARD ALL") == 0 || strcmp(tag, "DEALLOCATE ALL") == 0) {
 		ps_statements_dropped(s, for_client);
 		if (for_client && s->link)
-			plugin_stmts_dropped(s->link);
+			plugin_stmts_dropped(s->link, rq_head(&s->rq) ? rq_head(&s->rq)->st_gen_at : 0);
 	}
 	else if (strcmp(tag, "ROLLBACK") == 0)
 		s->ext_err = true;	/* values sent inside the batch: not taken as known */
