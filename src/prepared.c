@@ -661,7 +661,7 @@ static void put_escaped(struct pktbuf *pb, const char *s)
  * would have for its own error, and the error reaches the client in
  * pipeline order. The client's unnamed statement and portal are used.
  */
-static int ps_fail(struct client *c, const char *sqlstate, const char *fmt, const char *name)
+static int ps_fail(struct client *c, const char *sqlstate, const char *fmt, const char *name, char missing)
 {
 	struct server *s = c->link;
 	static const char head[] = "DO $lokadb$BEGIN RAISE EXCEPTION USING ERRCODE = '";
@@ -672,6 +672,29 @@ static int ps_fail(struct client *c, const char *sqlstate, const char *fmt, cons
 	if (strstr(name, "$lokadb$"))
 		name = "?";	/* it would end the DO block's quoting */
 	snprintf(msg, sizeof(msg), fmt, name);
+	if (missing && strncasecmp(name, "lokadb", 6) != 0) {
+		/*
+		 * A name the client does not have: the same message for it, which
+		 * the server has no statement of (its are LOKADB_<n>), raises
+		 * PostgreSQL's own 26000, also in a failed transaction block
+		 * (where a DO would get 25P02), and leaves the client's unnamed
+		 * statement and portal alone.
+		 */
+		if (missing == 'B')
+			pkt_bind(pb, "", name);
+		else {
+			pkt_begin(pb, 'D');
+			pkt_put_byte(pb, 'S');
+			pkt_put_string(pb, name);
+			pkt_end(pb);
+		}
+		if (!server_expect(s, missing, RQ_FWD)) {
+			pkt_reset(pb);
+			return PS_FAIL;
+		}
+		pkt_send(pb, bufferevent_get_output(s->bev));
+		return PS_FAIL;
+	}
 	pkt_begin(pb, 'P');
 	pkt_put_string(pb, "");
 	pkt_put_bytes(pb, head, sizeof(head) - 1);
@@ -834,7 +857,7 @@ int ps_parse(struct client *c, const uint8_t *msg, uint32_t mlen)
 	if (!cstring(msg, mlen, &off, &query) || mlen - off < 2 || mlen - off != 2 + 4u * pkt_get_u16(msg + off))
 		return PS_PASS;
 	if (cname_find(c, name, NULL))
-		return ps_fail(c, "42P05", "prepared statement \"%s\" already exists", name);
+		return ps_fail(c, "42P05", "prepared statement \"%s\" already exists", name, 0);
 	e = entry_get(msg + body_off, mlen - body_off);
 	if (!e || !cname_add(c, name, e)) {
 		client_close(c, "53200", "out of memory");
@@ -868,12 +891,12 @@ int ps_parse(struct client *c, const uint8_t *msg, uint32_t mlen)
  * The entry of the client's statement `name`, made present on its server.
  * NULL: failed (*rc: PS_FAIL with the error queued, or the server is gone).
  */
-static struct ps_entry *bound_entry(struct client *c, const char *name, int *rc)
+static struct ps_entry *bound_entry(struct client *c, const char *name, int *rc, char type)
 {
 	struct ps_cname *cn = cname_find(c, name, NULL);
 
 	if (!cn) {
-		*rc = ps_fail(c, "26000", "prepared statement \"%s\" does not exist", name);
+		*rc = ps_fail(c, "26000", "prepared statement \"%s\" does not exist", name, type);
 		return NULL;
 	}
 	if (!srv_ensure(c->link, cn->e)) {
@@ -899,7 +922,7 @@ int ps_bind(struct client *c, const uint8_t *msg, uint32_t have, uint32_t mlen, 
 	c->pool->stats.bind_count++;
 	if (!name[0])
 		return PS_PASS;
-	e = bound_entry(c, name, &rc);
+	e = bound_entry(c, name, &rc, 'B');
 	if (!e)
 		return rc;
 	nl = strlen(e->name) + 1;
@@ -931,7 +954,7 @@ int ps_describe(struct client *c, const uint8_t *msg, uint32_t mlen)
 
 	if (mlen < 7 || msg[5] != 'S' || !cstring(msg, mlen, &off, &name) || !name[0])
 		return PS_PASS;
-	e = bound_entry(c, name, &rc);
+	e = bound_entry(c, name, &rc, 'D');
 	if (!e)
 		return rc;
 	if (!server_expect(c->link, 'D', RQ_FWD))
