@@ -1608,6 +1608,8 @@ static void ps_watched(struct client *c, struct lk_event *ev, struct evbuffer *i
 			plugin_query_give_map(ev, rq_at(&s->rq, s->rq.count - 1));
 	} else {
 		ps_send_whole(c, evbuffer_pullup(in, (ssize_t)len + 1), len + 1);
+		if (!c->closing && !s->closing && s->rq.count > items)
+			plugin_query_give_map(ev, rq_at(&s->rq, s->rq.count - 1));
 	}
 	if (!c->closing)
 		drop_message(c, in, len);

@@ -262,6 +262,8 @@ struct server {
 	bool ext_err;			/* an ErrorResponse (or a ROLLBACK) since the last ReadyForQuery */
 	bool rfq_err;			/* an ErrorResponse to a client's message since the last ReadyForQuery */
 	bool txn_failed;		/* the last idle ReadyForQuery ended a transaction an error rolled back */
+	bool txn_marked;		/* a marked message was answered, its transaction not ended yet */
+	bool marked_failed;		/* a transaction of a marked message ended rolled back (since TXN_END) */
 	uint32_t ext_live;		/* reply items owing a ReadyForQuery that answers values sent inside a batch */
 	uint32_t ext_seq;		/* tvars.esent of the last values sent inside a batch */
 	uint8_t tls_step;		/* 0 plain, 1 SSLRequest sent, 2 TLS handshake, 3 TLS up */

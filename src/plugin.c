@@ -91,6 +91,7 @@ struct lk_event {
 	struct textmap *map;		/* query_text_spans of new_sql (ABI 1.12), until the reply queue takes it */
 	struct stmt_text *st_before;	/* a Parse: the name's entry it replaced (owned), until the reply queue takes it */
 	uint64_t st_made;		/* ... and the entry it made (stmt_text.id) */
+	bool mark_txn;			/* query_mark_txn: its reply item gets mark_txn */
 	struct lk_tables *tables;	/* query_result_tables (ABI 1.13): a reference */
 	int n_vars;			/* query_set_var, in ->vars */
 	struct { struct lk_plugin *pl; lk_vars_fn fn; void *arg; } on_vars[4];	/* query_on_vars */
@@ -1228,6 +1229,20 @@ static void api_auth_set_secret(lk_event *ev, const char *secret)
 void plugin_txn_end(struct client *c, struct server *s)
 {
 	chain_notify(LK_HOOK_TXN_END, c, s);
+	s->marked_failed = false;
+}
+
+static void api_query_mark_txn(lk_event *ev)
+{
+	if (ev->hook == LK_HOOK_QUERY)
+		ev->mark_txn = true;
+}
+
+static int api_ev_marked_txn_failed(lk_event *ev)
+{
+	if (ev->hook != LK_HOOK_TXN_END || !ev->s)
+		return -1;
+	return ev->s->marked_failed ? 1 : 0;
 }
 
 void plugin_client_close(struct client *c)
@@ -1796,6 +1811,8 @@ void plugin_query_give_map(struct lk_event *ev, struct rq_item *it)
 {
 	if (!it || it->type != ev->qtype || it->act == RQ_HIDE)
 		return;
+	if (ev->mark_txn)
+		it->mark_txn = true;
 	if (ev->st_made && it->type == 'P' && !it->st_undo) {
 		it->st_before = ev->st_before;
 		it->st_made = ev->st_made;
@@ -3743,4 +3760,6 @@ static const struct lk_api api_table = {
 	.query_result_tables = api_query_result_tables,
 	.ev_past_sync = api_ev_past_sync,
 	.client_on_answered = api_client_on_answered,
+	.query_mark_txn = api_query_mark_txn,
+	.ev_marked_txn_failed = api_ev_marked_txn_failed,
 };

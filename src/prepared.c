@@ -83,6 +83,8 @@ static void entry_unref(struct ps_entry *e);
 static void item_release(struct replyq *q, struct rq_item *it)
 {
 	q->syncs -= rq_owes_ready(it->type);
+	q->marked_gone |= it->mark_txn;
+	it->mark_txn = false;
 	entry_unref(it->e);
 	free(it->name);
 	textmap_free(it->map);

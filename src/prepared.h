@@ -85,6 +85,7 @@ struct rq_item {
 	struct stmt_text *st_before;	/* the name's entry before it (owned), or NULL: none */
 	uint64_t st_made;		/* the entry a Parse made (stmt_text.id), 0: none */
 	uint32_t st_gen_at;		/* a Query: the last text generation given when it went (0: not known) */
+	bool mark_txn;			/* a plugin asked how its transaction ends (api->query_mark_txn) */
 	bool st_undo;
 };
 
@@ -92,6 +93,7 @@ struct replyq {
 	struct rq_item *v;
 	uint32_t head, count, cap;
 	uint32_t syncs;		/* its items that owe a ReadyForQuery (S, Q, F) */
+	bool marked_gone;	/* an item with mark_txn was answered or skipped (server.c takes it) */
 };
 
 /* ---- the reply queue (no server needed: unit-testable) ---- */

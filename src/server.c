@@ -691,8 +691,14 @@ static void handle_rfq(struct server *s, struct evbuffer *in, const uint8_t *hdr
 		plugin_tvars_hidden_rfq(s, status);
 	if (ext)
 		plugin_tvars_ext_rfq(s, ext_seq, status == 'I' && !s->ext_err);
-	if (client_rfq && status == 'I')	/* (TXN_END's ev_txn_failed) */
+	s->txn_marked |= s->rq.marked_gone;	/* (answered up to this ReadyForQuery) */
+	s->rq.marked_gone = false;
+	if (client_rfq && status == 'I') {	/* (TXN_END's ev_txn_failed) */
 		s->txn_failed = s->rfq_err || s->txn_status == 'E';
+		if (s->txn_marked)
+			s->marked_failed |= s->txn_failed;
+		s->txn_marked = false;
+	}
 	s->ext_err = false;
 	s->rfq_err = false;
 	if (!s->rq.count)

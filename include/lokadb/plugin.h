@@ -582,6 +582,15 @@ struct lk_api {
 	 * PostgreSQL answers only at a Sync that has not come: no wait. One
 	 * waiter per plugin and client: a second call replaces the first. */
 	int (*client_on_answered)(lk_plugin *self, lk_client *c, lk_answered_fn fn, void *arg);
+	/* QUERY (Q, P, B): tell at TXN_END whether this message's transaction
+	 * was rolled back (ev_marked_txn_failed), whatever batches the client
+	 * sent behind it. */
+	void (*query_mark_txn)(lk_event *ev);
+	/* TXN_END: 1 when the transaction of a message marked with
+	 * query_mark_txn ended rolled back by an error (as ev_txn_failed says
+	 * for the last batch) since the previous TXN_END, 0 when not, -1 for
+	 * other events. */
+	int (*ev_marked_txn_failed)(lk_event *ev);
 };
 
 #ifdef __cplusplus

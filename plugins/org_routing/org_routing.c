@@ -742,6 +742,8 @@ static void apply_effect(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 		x->sent_block = true;
 	else if (st->effect != OR_FX_ROLLBACK)
 		x->unsettled = true;	/* until its transaction is known to have ended well (or_query) */
+	if (st->effect != OR_FX_ROLLBACK && LK_API_HAS(api, query_mark_txn))
+		api->query_mark_txn(ev);	/* TXN_END says how its own transaction ended */
 	switch (st->effect) {
 	case OR_FX_SET_ORG:
 		forget_var(ev, "lokadb.org");
@@ -2257,8 +2259,10 @@ static int or_txn_end(lk_plugin *self, lk_event *ev)
 	/* rolled back by an error: what the transaction SET is undone, as a ROLLBACK
 	 * undoes it (a core before ABI 1.15 cannot hold what a client sends past
 	 * the Sync of such a transaction: its TXN_END may be a later batch's) */
-	failed = LK_API_HAS(api, ev_txn_failed) && api->ev_txn_failed(ev) == 1 &&
-		 (!x->pipelines || LK_API_HAS(api, client_on_answered));
+	if (LK_API_HAS(api, ev_marked_txn_failed))
+		failed = api->ev_marked_txn_failed(ev) == 1;
+	else
+		failed = LK_API_HAS(api, ev_txn_failed) && api->ev_txn_failed(ev) == 1 && !x->pipelines;
 	x->unsettled = false;
 	x->sent_block = false;
 	if (failed) {
