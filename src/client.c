@@ -1684,7 +1684,8 @@ static bool stmt_close_message(struct client *c, struct evbuffer *in, uint32_t l
 	}
 	if (stmt && !c->closing && !s->closing) {
 		struct rq_item *it = s->rq.count > items ? rq_at(&s->rq, s->rq.count - 1) : NULL;
-		plugin_stmt_closed(c, name, it && it->type == 'C' ? it : NULL);
+		/* (the core's prepared statements may answer it: CloseComplete) */
+		plugin_stmt_closed(c, name, it && (it->type == 'C' || (it->type == '3' && it->act == RQ_SYNTH)) ? it : NULL);
 	}
 	return more;
 }

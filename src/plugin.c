@@ -1498,7 +1498,7 @@ void plugin_stmt_undo(struct client *c, struct rq_item *it, bool failed)
 {
 	if (!c || !it->st_undo)
 		return;
-	if (it->type == 'P') {
+	if (it->st_made) {		/* a Parse's (or its synthesized ParseComplete's) */
 		struct stmt_text *cur = c->stmts;
 		while (cur && cur->id != it->st_made)
 			cur = cur->next;
@@ -1809,11 +1809,14 @@ static int api_query_text_spans(lk_event *ev, const lk_text_span *spans, int n)
  * (and a Query its result tables). */
 void plugin_query_give_map(struct lk_event *ev, struct rq_item *it)
 {
-	if (!it || it->type != ev->qtype || it->act == RQ_HIDE)
+	/* (the core's prepared statements answer a Parse it need not send: ParseComplete) */
+	bool synth_parse = it && it->act == RQ_SYNTH && it->type == '1' && ev->qtype == 'P';
+
+	if (!it || (it->type != ev->qtype && !synth_parse) || it->act == RQ_HIDE)
 		return;
 	if (ev->mark_txn)
 		it->mark_txn = true;
-	if (ev->st_made && it->type == 'P' && !it->st_undo) {
+	if (ev->st_made && (it->type == 'P' || synth_parse) && !it->st_undo) {
 		it->st_before = ev->st_before;
 		it->st_made = ev->st_made;
 		it->st_undo = true;
