@@ -158,6 +158,7 @@ struct ps_cache {
 struct ps_cname {
 	struct ps_link link;
 	struct ps_entry *e;
+	struct ps_entry *parsed;	/* a plugin's re-parse changed e: the client's Parse's (a reference), else NULL */
 	char name[];
 };
 
@@ -338,6 +339,7 @@ static bool cname_add(struct client *c, const char *name, struct ps_entry *e)
 	}
 	cn->link.hash = hash_bytes(name, n);
 	cn->e = e;
+	cn->parsed = NULL;
 	memcpy(cn->name, name, n + 1);
 	if (!tab_add(&c->ps->tab, &cn->link)) {
 		free(cn);
@@ -351,6 +353,7 @@ static void cname_del(struct client *c, struct ps_cname *cn)
 {
 	tab_del(&c->ps->tab, &cn->link);
 	entry_unref(cn->e);
+	entry_unref(cn->parsed);
 	free(cn);
 }
 
@@ -491,7 +494,7 @@ void ps_statements_dropped(struct server *s, bool for_client)
 			struct ps_link **pp = &c->ps->tab.b[i];
 			while (*pp) {
 				struct ps_cname *cn = (struct ps_cname *)*pp;
-				if (made_later(s, cn->e, cn->name))
+				if (made_later(s, cn->e, cn->name) || (cn->parsed && made_later(s, cn->parsed, cn->name)))
 					pp = &(*pp)->next;
 				else
 					cname_del(c, cn);
@@ -559,8 +562,8 @@ static void name_undo(struct server *s, uint32_t sync, const struct rq_item *it)
 	if (!c || !it->name || !(it->undo & RQ_UNDO_CL) || name_changed_later(s, sync, it))
 		return;
 	cn = cname_find(c, it->name, NULL);
-	if ((it->undo & RQ_UNDO_CL_PARSE) && cn && cn->e == it->e)
-		cname_del(c, cn);
+	if ((it->undo & RQ_UNDO_CL_PARSE) && cn && (cn->e == it->e || cn->parsed == it->e))
+		cname_del(c, cn);	/* (also after a plugin's re-parse of it) */
 	if ((it->undo & RQ_UNDO_CL_CLOSE) && !cn && it->e)
 		cname_add(c, it->name, entry_ref(it->e));
 }
@@ -1010,8 +1013,13 @@ bool ps_reparse(struct client *c, const char *name, const char *sql)
 	free(body);
 	if (!e)
 		return false;
-	cname_del(c, cn);
-	return cname_add(c, name, e);
+	/* in place: a skipped Parse of the name still finds it (name_undo) */
+	if (!cn->parsed)
+		cn->parsed = cn->e;
+	else
+		entry_unref(cn->e);
+	cn->e = e;
+	return true;
 }
 
 /* ================= SQL DEALLOCATE of a protocol-level name ================= */
