@@ -1533,6 +1533,10 @@ static int dealloc_message(struct client *c, struct evbuffer *in, char type, uin
 		free(name);	/* a Query inside the client's open batch: PostgreSQL's to answer */
 		return -1;
 	}
+	if (ps_name_unsettled(c, name) && plugin_client_await(c)) {
+		free(name);	/* as await_unsettled_name */
+		return 0;
+	}
 	c->request_time = rt->now;
 	note_sent_to_server(c, type == 'P' ? 'H' : 0);
 	ps_deallocate(c, type, name);
@@ -1658,6 +1662,21 @@ static bool names_message(struct client *c, struct evbuffer *in, char type, uint
  * other, then the text of a statement it closes goes, into the Close's
  * reply item (the server may yet skip the Close: plugin_stmt_undo).
  */
+/*
+ * A message of a linked client that no plugin decides: with its names
+ * renamed (result tables), by the core's prepared statements, or as it is.
+ */
+static bool send_message(struct client *c, struct evbuffer *in, char type, uint32_t len)
+{
+	if (c->rnames.n && (type == 'D' || type == 'C'))
+		return names_message(c, in, type, len);
+	if (c->ps_on && (type == 'P' || type == 'B' || type == 'D' || type == 'C'))
+		return ps_message(c, in, type, len);
+	note_sent_to_server(c, type);
+	forward_bytes(c, in, len + 1);
+	return !c->throttled;
+}
+
 static bool stmt_close_message(struct client *c, struct evbuffer *in, uint32_t len)
 {
 	struct server *s = c->link;
@@ -1673,15 +1692,7 @@ static bool stmt_close_message(struct client *c, struct evbuffer *in, uint32_t l
 		memcpy(name, b + 1, len - 5);
 		stmt = true;
 	}
-	if (c->rnames.n) {
-		more = names_message(c, in, 'C', len);
-	} else if (c->ps_on) {
-		more = ps_message(c, in, 'C', len);
-	} else {
-		note_sent_to_server(c, 'C');
-		forward_bytes(c, in, len + 1);
-		more = !c->throttled;
-	}
+	more = send_message(c, in, 'C', len);
 	if (stmt && !c->closing && !s->closing) {
 		struct rq_item *it = s->rq.count > items ? rq_at(&s->rq, s->rq.count - 1) : NULL;
 		/* (the core's prepared statements may answer it: CloseComplete) */
@@ -1786,6 +1797,26 @@ static bool watched_message(struct client *c, struct evbuffer *in, char type, ui
 	return !c->throttled && !c->fwd_remaining;
 }
 
+/*
+ * A Parse, Bind, Describe or Close of a name whose Parse or Close (the
+ * client's, pipelined) an earlier batch may yet skip: it waits until that
+ * batch is answered, so that it meets the statements PostgreSQL has (a Bind
+ * of a name whose Parse was skipped gets 26000, as from PostgreSQL). true:
+ * it waits (client_process goes on once the answers came).
+ */
+static bool await_unsettled_name(struct client *c, struct evbuffer *in, uint32_t len)
+{
+	size_t have = evbuffer_get_length(in);
+
+	if (have > (size_t)len + 1)
+		have = (size_t)len + 1;
+	if (have > PS_BIND_PEEK)
+		have = PS_BIND_PEEK;
+	if (!ps_msg_name_unsettled(c, evbuffer_pullup(in, (ssize_t)have), (uint32_t)have))
+		return false;
+	return plugin_client_await(c);
+}
+
 /* A plugin resumed a hook that had answered LK_ASYNC. */
 void client_hook_resumed(struct client *c, struct lk_event *ev)
 {
@@ -1871,6 +1902,9 @@ static bool client_message(struct client *c, struct evbuffer *in)
 		client_close(c, "08P01", "PQexec disallowed");
 		return false;
 	}
+	if (c->ps_on && c->link && c->link->rq.syncs && !c->skip_to_sync && !c->qev &&
+	    (hdr[0] == 'P' || hdr[0] == 'B' || hdr[0] == 'D' || hdr[0] == 'C') && await_unsettled_name(c, in, len))
+		return false;
 	if (c->ps_on && (hdr[0] == 'Q' || hdr[0] == 'P') && !c->skip_to_sync && !c->qev) {
 		int r = dealloc_message(c, in, (char)hdr[0], len);
 		if (r >= 0)
@@ -1891,13 +1925,7 @@ static bool client_message(struct client *c, struct evbuffer *in)
 	c->request_time = rt->now;
 	if (hdr[0] == 'C' && c->stmts)
 		return stmt_close_message(c, in, len);
-	if (c->rnames.n && (hdr[0] == 'D' || hdr[0] == 'C'))
-		return names_message(c, in, (char)hdr[0], len);
-	if (c->ps_on && (hdr[0] == 'P' || hdr[0] == 'B' || hdr[0] == 'D' || hdr[0] == 'C'))
-		return ps_message(c, in, (char)hdr[0], len);
-	note_sent_to_server(c, (char)hdr[0]);
-	forward_bytes(c, in, len + 1);
-	return !c->throttled;
+	return send_message(c, in, (char)hdr[0], len);
 }
 
 void client_process(struct client *c)

@@ -261,6 +261,10 @@ struct server {
 	bool ext_armed;			/* values went inside a batch: mark the next item owing a ReadyForQuery */
 	bool ext_err;			/* an ErrorResponse (or a ROLLBACK) since the last ReadyForQuery */
 	bool rfq_err;			/* an ErrorResponse to a client's message since the last ReadyForQuery */
+	/* it skips the client's messages to a Sync not sent yet (an error), and
+	 * the client goes on (a plugin held its next message): replies the core
+	 * would make up for them wait, and go with the skipped at that Sync */
+	bool skipping;
 	bool txn_failed;		/* the last idle ReadyForQuery ended a transaction an error rolled back */
 	bool txn_marked;		/* a marked message was answered, its transaction not ended yet */
 	bool marked_failed;		/* a transaction of a marked message ended rolled back (since TXN_END) */
@@ -541,6 +545,7 @@ void plugin_server_close(struct server *s);
 void plugin_shutdown(void);		/* LK_HOOK_SHUTDOWN, once per process */
 void plugin_client_free(struct client *c);
 void plugin_client_answered(struct client *c);
+bool plugin_client_await(struct client *c);
 /* The statement texts plugins see (stmt_text) follow the client's Parse, Close and Query, with their undo. */
 struct rq_item;
 void plugin_stmt_drop(struct stmt_text *st);

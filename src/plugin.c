@@ -252,6 +252,8 @@ struct plugin_dns {
 
 static const struct lk_api api_table;
 static void stmt_free(struct stmt_text *st);
+static struct stmt_text *stmt_find(struct client *c, const char *name);
+static bool client_answered(const struct client *c);
 
 /* ================= small helpers ================= */
 
@@ -953,16 +955,44 @@ static int api_ev_txn_failed(lk_event *ev)
 
 static int api_ev_past_sync(lk_event *ev)
 {
-	const struct server *s = ev->c ? ev->c->link : NULL;
-
 	if (ev->hook != LK_HOOK_QUERY)
 		return -1;
-	for (uint32_t i = 0; s && s->rq.syncs && i < s->rq.count; i++) {
-		const struct rq_item *it = rq_at(&s->rq, i);
-		if (rq_owes_ready(it->type) && it->act != RQ_HIDE)
-			return 1;
-	}
-	return 0;
+	return client_answered(ev->c) ? 0 : 1;
+}
+
+/* (rq_client_unsettled: the client's message that made, or took off, the statement text arg) */
+struct stmt_change {
+	const char *name;
+	uint64_t id;		/* the name's entry's, 0: none */
+};
+
+static bool stmt_changed_by(const struct rq_item *it, const void *arg)
+{
+	const struct stmt_change *ch = arg;
+
+	return it->st_undo && ((ch->id && it->st_made == ch->id) ||
+			       (it->st_before && strcmp(it->st_before->name, ch->name) == 0));
+}
+
+/*
+ * A Bind past a Sync: the text it binds is noted from the client's Parse
+ * (or its Close, or a Query for the unnamed statement took one off) that
+ * is unanswered in an earlier batch, which an error may yet make
+ * PostgreSQL skip or refuse: then the server binds another text, or none.
+ */
+static int api_query_stmt_unsettled(lk_event *ev)
+{
+	struct stmt_change ch;
+	const struct stmt_text *st;
+
+	if (ev->hook != LK_HOOK_QUERY || ev->qtype != 'B' || !ev->c || !ev->stmt)
+		return -1;
+	if (!ev->c->link || !ev->c->link->rq.syncs)
+		return 0;
+	st = stmt_find(ev->c, ev->stmt);
+	ch.name = ev->stmt;
+	ch.id = st ? st->id : 0;
+	return rq_client_unsettled(&ev->c->link->rq, stmt_changed_by, &ch) ? 1 : 0;
 }
 
 static int api_fail(lk_event *ev, const char *sqlstate, const char *fmt, ...)
@@ -1272,10 +1302,21 @@ void plugin_shutdown(void)
 
 /* ================= clients' answers (client_on_answered) ================= */
 
-/* Has every message the client sent its server been answered? */
+/*
+ * Has the server answered every Sync and Query the client sent it? (the
+ * messages it sent after the last may be unanswered: PostgreSQL answers
+ * them at a Sync still to come)
+ */
 static bool client_answered(const struct client *c)
 {
-	return !c->link || !c->link->rq.count;
+	const struct server *s = c ? c->link : NULL;
+
+	for (uint32_t i = 0; s && s->rq.syncs && i < s->rq.count; i++) {
+		const struct rq_item *it = rq_at(&s->rq, i);
+		if (rq_owes_ready(it->type) && it->act != RQ_HIDE)
+			return false;
+	}
+	return true;
 }
 
 static void answer_waits_free(struct answer_wait *w)
@@ -1316,32 +1357,50 @@ void plugin_client_answered(struct client *c)
 		event_active(c->answer_ev, 0, 0);
 }
 
-static int api_client_on_answered(lk_plugin *self, lk_client *h, lk_answered_fn fn, void *arg)
+/* client_on_answered for plugin `pl`, or for the core (NULL) */
+static int answer_wait_add(struct lk_plugin *pl, struct client *c, lk_answered_fn fn, void *arg)
 {
-	struct client *c = CL(h);
 	struct answer_wait *w;
 
-	if (!self || !c || !fn || c->closing)
+	if (!c || !fn || c->closing)
 		return -1;
 	if (client_answered(c))
 		return 1;
-	/* sent since its last Sync: PostgreSQL answers those at that Sync, which has not come */
-	const struct rq_item *last = rq_at(&c->link->rq, c->link->rq.count - 1);
-	if (!last || !rq_owes_ready(last->type))
-		return -1;
 	if (!c->answer_ev && !(c->answer_ev = event_new(rt->base, -1, 0, answered_cb, c)))
 		return -1;
-	for (w = c->answer_waits; w && w->pl != self; w = w->next)
+	for (w = c->answer_waits; w && w->pl != pl; w = w->next)
 		;
 	if (!w) {
 		w = xcalloc(1, sizeof(*w));
-		w->pl = self;
+		w->pl = pl;
 		w->next = c->answer_waits;
 		c->answer_waits = w;
 	}
 	w->fn = fn;
 	w->arg = arg;
 	return 0;
+}
+
+static int api_client_on_answered(lk_plugin *self, lk_client *h, lk_answered_fn fn, void *arg)
+{
+	return self ? answer_wait_add(self, CL(h), fn, arg) : -1;
+}
+
+static void core_answered(lk_plugin *self, lk_client *h, void *arg)
+{
+	(void)self;
+	(void)arg;
+	client_resume(CL(h));
+}
+
+/*
+ * The core waits, before the client's next message, until the server has
+ * answered its batches (client_process goes on then). false: nothing to
+ * wait for.
+ */
+bool plugin_client_await(struct client *c)
+{
+	return answer_wait_add(NULL, c, core_answered, NULL) == 0;
 }
 
 void plugin_client_free(struct client *c)
@@ -1487,6 +1546,18 @@ static void stmt_reattach(struct client *c, struct rq_item *it)
 }
 
 /*
+ * The client's statement texts changed under the QUERY event of a Bind a
+ * plugin holds (LK_ASYNC): it binds the text the server has now.
+ */
+static void stmt_rebind(struct client *c)
+{
+	struct lk_event *ev = c->qev;
+
+	if (ev && ev->hook == LK_HOOK_QUERY && ev->qtype == 'B' && ev->stmt)
+		ev->bound_sql = lookup_stmt(c, ev->stmt);
+}
+
+/*
  * The server skipped (or, `failed`, refused) the client's message of item
  * `it`: what it did to the statement texts is undone. A Parse's entry goes
  * and the one before it comes back (a Parse that fails keeps an existing
@@ -1494,10 +1565,8 @@ static void stmt_reattach(struct client *c, struct rq_item *it)
  * before PostgreSQL parses the new one). A Close or a Query (which drops
  * the unnamed statement) gives back the entry it took off.
  */
-void plugin_stmt_undo(struct client *c, struct rq_item *it, bool failed)
+static void stmt_undo_one(struct client *c, struct rq_item *it, bool failed)
 {
-	if (!c || !it->st_undo)
-		return;
 	if (it->st_made) {		/* a Parse's (or its synthesized ParseComplete's) */
 		struct stmt_text *cur = c->stmts;
 		while (cur && cur->id != it->st_made)
@@ -1511,6 +1580,14 @@ void plugin_stmt_undo(struct client *c, struct rq_item *it, bool failed)
 		stmt_reattach(c, it);
 	}
 	it->st_undo = false;
+}
+
+void plugin_stmt_undo(struct client *c, struct rq_item *it, bool failed)
+{
+	if (!c || !it->st_undo)
+		return;
+	stmt_undo_one(c, it, failed);
+	stmt_rebind(c);
 }
 
 /* The client's Close of statement `name` (or a Query: "") went: its entry goes, into `it` for an undo. */
@@ -1543,13 +1620,17 @@ void plugin_stmt_query_sent(struct client *c, struct rq_item *it)
  */
 void plugin_stmts_dropped(struct client *c, uint32_t gen_at)
 {
-	struct stmt_text *st, *next;
+	struct stmt_text **pp = &c->stmts, *st;
 
-	for (st = c->stmts; st; st = next) {
-		next = st->next;
-		if (st->name[0] && (!gen_at || (int32_t)(st->gen - gen_at) <= 0))
-			stmt_free(stmt_detach(c, st->name));
+	while ((st = *pp)) {
+		if (st->name[0] && (!gen_at || (int32_t)(st->gen - gen_at) <= 0)) {
+			*pp = st->next;
+			stmt_free(st);
+		} else {
+			pp = &st->next;
+		}
 	}
+	stmt_rebind(c);
 }
 
 void plugin_note_parse(struct client *c, const char *name, const char *sql)
@@ -3765,4 +3846,5 @@ static const struct lk_api api_table = {
 	.client_on_answered = api_client_on_answered,
 	.query_mark_txn = api_query_mark_txn,
 	.ev_marked_txn_failed = api_ev_marked_txn_failed,
+	.query_stmt_unsettled = api_query_stmt_unsettled,
 };

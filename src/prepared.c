@@ -526,7 +526,7 @@ void rq_flush_synth(struct server *s)
 {
 	struct rq_item *it;
 
-	while (!s->fwd_remaining && (it = rq_head(&s->rq)) && it->act == RQ_SYNTH) {
+	while (!s->fwd_remaining && !s->skipping && (it = rq_head(&s->rq)) && it->act == RQ_SYNTH) {
 		struct client *c = s->link;
 		uint8_t msg[5] = { (uint8_t)it->type, 0, 0, 0, 4 };	/* ParseComplete '1' / CloseComplete '3' */
 		if (c && !c->closing && c->bev)
@@ -749,13 +749,14 @@ static void send_parse(struct server *s, const struct ps_entry *e)
 	s->pool->stats.server_parse_count++;
 }
 
-bool rq_unsettled(const struct replyq *q, bool (*match)(const struct rq_item *it, const void *arg), const void *arg)
+static bool unsettled_in(const struct replyq *q, bool (*match)(const struct rq_item *it, const void *arg),
+			 const void *arg, bool clients)
 {
 	bool sent = false, unsettled = false;
 
 	for (uint32_t i = 0; q->syncs && i < q->count; i++) {
 		const struct rq_item *it = rq_at(q, i);
-		if (rq_owes_ready(it->type)) {
+		if (rq_owes_ready(it->type) && (!clients || it->act != RQ_HIDE)) {
 			unsettled = sent;
 		} else if (match(it, arg)) {
 			sent = true;
@@ -763,6 +764,46 @@ bool rq_unsettled(const struct replyq *q, bool (*match)(const struct rq_item *it
 		}
 	}
 	return unsettled;
+}
+
+bool rq_unsettled(const struct replyq *q, bool (*match)(const struct rq_item *it, const void *arg), const void *arg)
+{
+	return unsettled_in(q, match, arg, false);
+}
+
+bool rq_client_unsettled(const struct replyq *q, bool (*match)(const struct rq_item *it, const void *arg),
+			 const void *arg)
+{
+	return unsettled_in(q, match, arg, true);
+}
+
+/* (rq_client_unsettled: the client's Parse or Close of its statement arg) */
+static bool cl_changes(const struct rq_item *it, const void *arg)
+{
+	return (it->undo & (RQ_UNDO_CL_PARSE | RQ_UNDO_CL_CLOSE)) && it->name && strcmp(it->name, arg) == 0;
+}
+
+bool ps_name_unsettled(const struct client *c, const char *name)
+{
+	return c->ps && c->link && c->link->rq.syncs && name[0] &&
+	       rq_client_unsettled(&c->link->rq, cl_changes, name);
+}
+
+bool ps_msg_name_unsettled(const struct client *c, const uint8_t *msg, uint32_t have)
+{
+	uint32_t off = 5;
+	const char *name;
+
+	if (!c->ps || !c->link || !c->link->rq.syncs || have < 6)
+		return false;
+	if (msg[0] == 'B' && !cstring(msg, have, &off, &name))
+		return false;	/* (its portal) */
+	if (msg[0] == 'D' || msg[0] == 'C') {
+		if (msg[5] != 'S')
+			return false;	/* (a portal) */
+		off = 6;
+	}
+	return cstring(msg, have, &off, &name) && ps_name_unsettled(c, name);
 }
 
 /* (rq_unsettled: a Parse or Close of the entry arg on the server) */

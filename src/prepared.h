@@ -108,6 +108,9 @@ static inline bool rq_owes_ready(char type)
  * past its Sync, and an error there may yet make the server skip the item)?
  */
 bool rq_unsettled(const struct replyq *q, bool (*match)(const struct rq_item *it, const void *arg), const void *arg);
+/* The same with only the client's own Syncs and Queries ending a batch (the ones an error skips to) */
+bool rq_client_unsettled(const struct replyq *q, bool (*match)(const struct rq_item *it, const void *arg),
+			 const void *arg);
 struct rq_item *rq_push(struct replyq *q, char type, int act);	/* NULL: out of memory */
 struct rq_item *rq_at(const struct replyq *q, uint32_t i);	/* i-th from the head, or NULL */
 void rq_pop(struct replyq *q);
@@ -144,6 +147,14 @@ enum ps_rc { PS_PASS, PS_DONE, PS_FAIL, PS_MORE };
 int ps_parse(struct client *c, const uint8_t *msg, uint32_t mlen);
 /* The client's Parse (its first `have` bytes at msg) names a statement it has: ps_parse refuses it (42P05). */
 bool ps_parse_name_in_use(const struct client *c, const uint8_t *msg, uint32_t have);
+/*
+ * A statement name of the client's whose Parse or Close (or DEALLOCATE) is
+ * unanswered in an earlier batch: an error there may yet make PostgreSQL
+ * skip it, and whether the name exists is known only once it is answered.
+ */
+bool ps_name_unsettled(const struct client *c, const char *name);
+/* The same for the name of a Parse, Bind, Describe or Close (msg, `have` bytes of it from the type byte) */
+bool ps_msg_name_unsettled(const struct client *c, const uint8_t *msg, uint32_t have);
 int ps_describe(struct client *c, const uint8_t *msg, uint32_t mlen);
 int ps_close(struct client *c, const uint8_t *msg, uint32_t mlen);
 /*

@@ -701,13 +701,14 @@ static void handle_rfq(struct server *s, struct evbuffer *in, const uint8_t *hdr
 	}
 	s->ext_err = false;
 	s->rfq_err = false;
+	s->skipping = false;
 	if (!s->rq.count)
 		s->ext_live = 0;
 	s->txn_status = status;
 	batch_take(s, in, 6);
 	batch_flush(s, in);
 	rq_flush_synth(s);
-	if (c && c->answer_waits && !s->rq.count)
+	if (c && c->answer_waits)
 		plugin_client_answered(c);	/* told after TXN_END, from the loop */
 	if (s->rq.count || status != 'I' || s->copy_in || s->ext_open) {
 		/* ext_open: a prefix answered while the client's batch has no Sync yet */
@@ -848,8 +849,12 @@ static bool inspect_message(struct server *s, struct evbuffer *in, const uint8_t
 		 * Sync; a client without one in flight has the rest of its batch dropped
 		 * up to the Sync it sends (not a message a plugin's hook holds: that
 		 * one goes on when decided, and the server skips it) */
-		if (head && !rq_owes_ready(head->type) && !rq_discard_batch(s, true) && s->link && !s->link->qev)
-			s->link->skip_to_sync = true;
+		if (head && !rq_owes_ready(head->type) && !rq_discard_batch(s, true) && s->link) {
+			if (s->link->qev)
+				s->skipping = true;
+			else
+				s->link->skip_to_sync = true;
+		}
 		if (fixed) {
 			send_fixed(s, in, len, &pb);
 			return true;

@@ -40,7 +40,7 @@ extern "C" {
 
 #define LK_PLUGIN_MAGIC 0x4c4b504cu	/* "LKPL" */
 #define LK_ABI_MAJOR 1
-#define LK_ABI_MINOR 15
+#define LK_ABI_MINOR 16
 #define LK_PLUGIN_SYMBOL "lokadb_plugin"
 
 /* Opaque handles. */
@@ -572,15 +572,17 @@ struct lk_api {
 	int (*ev_past_sync)(lk_event *ev);
 
 	/* ---- ABI 1.15 ---- */
-	/* Call fn(self, c, arg) once every message client `c` has sent to its
-	 * server so far is answered (what a QUERY hook holds with LK_ASYNC is
-	 * not sent): from the event loop, never inside this call, after the
-	 * TXN_END of the last of them if it ended a transaction. 1: nothing is
-	 * unanswered now and fn is not called; 0: fn will be, unless the
-	 * client closes first (CLIENT_CLOSE instead); -1: bad arguments, or
-	 * the client sent messages since its last Sync (or Query), which
-	 * PostgreSQL answers only at a Sync that has not come: no wait. One
-	 * waiter per plugin and client: a second call replaces the first. */
+	/* Call fn(self, c, arg) once every Sync and Query client `c` has sent
+	 * to its server so far is answered, and with them every message
+	 * before them (what a QUERY hook holds with LK_ASYNC is not sent; the
+	 * messages sent after the last Sync may be unanswered: PostgreSQL
+	 * answers them at a Sync still to come): from the event loop, never
+	 * inside this call, after the TXN_END of the last of them if it ended
+	 * a transaction. 1: nothing is unanswered now (ev_past_sync is 0) and
+	 * fn is not called; 0: fn will be, unless the client closes first
+	 * (CLIENT_CLOSE instead); -1: bad arguments. One waiter per plugin and
+	 * client: a second call replaces the first. (ABI 1.15 cores answered
+	 * -1 when the client had sent messages since its last Sync.) */
 	int (*client_on_answered)(lk_plugin *self, lk_client *c, lk_answered_fn fn, void *arg);
 	/* QUERY (Q, P, B): tell at TXN_END whether this message's transaction
 	 * was rolled back (ev_marked_txn_failed), whatever batches the client
@@ -591,6 +593,16 @@ struct lk_api {
 	 * for the last batch) since the previous TXN_END, 0 when not, -1 for
 	 * other events. */
 	int (*ev_marked_txn_failed)(lk_event *ev);
+
+	/* ---- ABI 1.16 ---- */
+	/* QUERY (B): 1 when the statement text query_sql gives comes from (or
+	 * was taken off by) a Parse, Close or Query of the client's that its
+	 * server has not answered and that lies in an earlier batch than this
+	 * Bind: an error there may yet make PostgreSQL skip or refuse it, and
+	 * bind another text or none (client_on_answered tells when the answer
+	 * came; query_sql then gives the server's). 0 when not, -1 for other
+	 * events. */
+	int (*query_stmt_unsettled)(lk_event *ev);
 };
 
 #ifdef __cplusplus

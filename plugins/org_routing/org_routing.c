@@ -1799,8 +1799,8 @@ static int route_now(struct orr *g, lk_event *ev, lk_client *c, struct orc *x)
 	if (!a)
 		goto done;
 	x->last_ends_txn = a->ends_txn;
-	if (a->ends_txn)
-		x->sent_block = false;
+	if (a->ends_txn && type != 'P')
+		x->sent_block = false;	/* (a Parse ends nothing: its Bind runs it) */
 	if (a->parse_error)
 		g->n[N_PARSE_ERRORS]++;
 	if (!a->tables && !a->effects && !(a->executes && force_custom(g))) {
@@ -2117,8 +2117,13 @@ static int or_query(lk_plugin *self, lk_event *ev)
 	 * error in that batch makes PostgreSQL undo the change, and this
 	 * message runs without it. It is decided once the batches before it
 	 * are answered and TXN_END has said how their transaction ended.
+	 * Likewise a Bind of a statement whose Parse (or Close) is unanswered
+	 * in an earlier batch: PostgreSQL may yet skip or refuse it (42P05, a
+	 * name in use) and bind the text it had, which the Bind is decided on.
 	 */
-	if (past_sync && x->unsettled && !x->sent_block && LK_API_HAS(api, client_on_answered) &&
+	if (past_sync && LK_API_HAS(api, client_on_answered) &&
+	    ((x->unsettled && !x->sent_block) ||
+	     (LK_API_HAS(api, query_stmt_unsettled) && api->query_stmt_unsettled(ev) == 1)) &&
 	    api->client_on_answered(self, c, batches_answered, x) == 0) {
 		x->answer_ev = ev;
 		g->n[N_HELD_ANSWERS]++;

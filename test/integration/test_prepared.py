@@ -310,6 +310,40 @@ def test_a_batch_sent_past_a_failing_one_binds_statements_its_parses_were_skippe
     w.close()
 
 
+def test_a_name_whose_parse_or_close_an_earlier_batch_may_skip_waits_for_its_answer(bouncer_factory):
+    """A client that pipelines: its Parse (or Close, or DEALLOCATE) of a name
+    in a batch that an error makes PostgreSQL skip, and in a batch sent past
+    that batch's Sync a Bind, Describe, Parse or DEALLOCATE of the name. That
+    message waits for the earlier batch's answer, so it meets what PostgreSQL
+    has: a Bind of a name whose Parse was skipped gets 26000 (it used to run
+    the statement), a Parse of a name whose Close was skipped gets 42P05.
+    The error comes 0.2 s late, so that the later batch surely arrives first."""
+    b = make(bouncer_factory, default_pool_size=1)
+    w = b.login("p0")
+    slow_error = P("", "select 1/(count(*)-count(*)) from (select pg_sleep(0.2)) s") + B("") + E()
+    assert types(batch(w, P("kept", "select 5"), S)) == "1Z"
+    cases = [
+        # a Parse skipped: the name does not exist
+        (P("s2", "select 2") + S, B("s2") + E() + S, "26000"),
+        (P("s2", "select 2") + S, D(b"S", "s2") + S, "26000"),
+        (P("s2", "select 2") + S, message(b"Q", b"DEALLOCATE s2\0"), "26000"),
+        # a Close skipped: the name still exists
+        (C(b"S", "kept") + S, P("kept", "select 6") + S, "42P05"),
+    ]
+    for first, later, want in cases:
+        w.send(slow_error + first + later)
+        m = w.read_until_ready(timeout=10).messages
+        assert error_of(m)["C"] == "22012" and types(m) == "12EZ", m
+        m = w.read_until_ready(timeout=10).messages
+        assert (error_of(m) or {}).get("C") == want, m
+    # a batch that worked: the name made there is there for the batch sent past it
+    w.send(P("s3", "select 3") + S + B("s3") + E() + S)
+    assert types(w.read_until_ready(timeout=10).messages) == "1Z"
+    assert rows(w.read_until_ready(timeout=10).messages) == ["3"]
+    assert rows(batch(w, B("kept"), E(), S)) == ["5"]
+    w.close()
+
+
 def test_duplicate_name_gives_42P05_and_aborts_like_postgres(bouncer_factory):
     b = make(bouncer_factory, default_pool_size=1)
     w = b.login("p0")

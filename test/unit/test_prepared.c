@@ -380,6 +380,56 @@ end:
 	return ok;
 }
 
+/*
+ * A name whose Parse or Close is unanswered in an earlier batch (only the
+ * client's own Syncs end one) is unsettled for the client's next messages;
+ * while the server skips to a Sync the client has not sent, replies the
+ * pooler would make up wait and go with the skipped.
+ */
+static bool test_names_unsettled_in_an_earlier_batch(void)
+{
+	struct fx f;
+	char t[32], n[256];
+	uint8_t buf[256];
+	bool ok = true;
+
+	CHECK(fx_init(&f, 200));
+	CHECK(do_parse(&f.c, "a", "select 1") == PS_DONE);
+	CHECK(!ps_name_unsettled(&f.c, "a"));			/* its own batch */
+	CHECK(rq_push(&f.s.rq, 'Q', RQ_HIDE));			/* a plugin's hidden Query ends no batch */
+	CHECK(!ps_name_unsettled(&f.c, "a"));
+	CHECK(ps_msg_name_unsettled(&f.c, buf, mk_bind(buf, "a")) == false);
+	CHECK(rq_push(&f.s.rq, 'S', RQ_FWD));			/* the client's Sync */
+	CHECK(ps_name_unsettled(&f.c, "a") && !ps_name_unsettled(&f.c, "b") && !ps_name_unsettled(&f.c, ""));
+	CHECK(ps_msg_name_unsettled(&f.c, buf, mk_bind(buf, "a")));
+	CHECK(ps_msg_name_unsettled(&f.c, buf, mk_close(buf, "a")));
+	CHECK(ps_msg_name_unsettled(&f.c, buf, mk_parse(buf, "a", "select 2")));
+	CHECK(!ps_msg_name_unsettled(&f.c, buf, mk_parse(buf, "b", "select 2")));
+	/* answered: the Parse was skipped (an error before it), the name is gone and settled */
+	CHECK(rq_discard_batch(&f.s, false));
+	rq_pop(&f.s.rq);
+	CHECK(!ps_name_unsettled(&f.c, "a") && ps_client_count(&f.c) == 0);
+	out_take(f.s.bev, t, sizeof(t), n, sizeof(n));
+	out_take(f.c.bev, t, sizeof(t), n, sizeof(n));
+	/* the server skips to a Sync not sent yet: a ParseComplete made up for a text it has waits */
+	CHECK(do_parse(&f.c, "x", "select 1") == PS_DONE);
+	rq_pop(&f.s.rq);
+	ps_close(&f.c, buf, mk_close(buf, "x"));
+	out_take(f.c.bev, t, sizeof(t), n, sizeof(n));
+	CHECK_STR(t, "3");
+	f.s.skipping = true;
+	CHECK(do_parse(&f.c, "y", "select 1") == PS_DONE);	/* the server has the text */
+	out_take(f.c.bev, t, sizeof(t), n, sizeof(n));
+	CHECK_STR(t, "");
+	CHECK(f.s.rq.count == 1 && rq_head(&f.s.rq)->act == RQ_SYNTH);
+	CHECK(rq_push(&f.s.rq, 'S', RQ_FWD));
+	rq_discard_batch(&f.s, false);				/* at its ReadyForQuery: skipped */
+	CHECK(ps_client_count(&f.c) == 0);
+end:
+	fx_done(&f);
+	return ok;
+}
+
 /* SQL DEALLOCATE of a client's name: recognized by the parser, sent as the pooler's batch, undone when skipped. */
 static bool test_sql_deallocate_of_a_client_name(void)
 {
@@ -437,6 +487,7 @@ static const struct unit_case cases[] = {
 	  test_a_bind_past_a_sync_prepares_again_what_may_be_skipped },
 	{ "synthesized replies wait their turn", test_synthesized_replies_wait_their_turn },
 	{ "SQL DEALLOCATE of a client's name", test_sql_deallocate_of_a_client_name },
+	{ "names unsettled in an earlier batch", test_names_unsettled_in_an_earlier_batch },
 	{ NULL, NULL }
 };
 
