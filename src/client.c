@@ -1662,6 +1662,26 @@ static bool names_message(struct client *c, struct evbuffer *in, char type, uint
  * other, then the text of a statement it closes goes, into the Close's
  * reply item (the server may yet skip the Close: plugin_stmt_undo).
  */
+#define PS_DROPS_PEEK 8192	/* bytes of a Query looked at for DISCARD ALL or DEALLOCATE ALL */
+
+/*
+ * The client's Query just noted: one that may DISCARD ALL or DEALLOCATE ALL
+ * (its text names either word; a longer one is not looked at) makes the
+ * client's messages that name a statement wait for its answer, with the
+ * core's prepared statements: what it drops is known then.
+ */
+static void note_query_drops(struct client *c, struct evbuffer *in, uint32_t len)
+{
+	struct rq_item *it = c->link->rq.count ? rq_at(&c->link->rq, c->link->rq.count - 1) : NULL;
+	const char *sql;
+
+	if (!c->ps_on || !it || it->type != 'Q' || len < 5 || len + 1 > PS_DROPS_PEEK)
+		return;
+	sql = (const char *)evbuffer_pullup(in, (ssize_t)len + 1) + 5;
+	if (sql[len - 5] == 0)
+		it->drops_all = strcasestr(sql, "discard") || strcasestr(sql, "deallocate");
+}
+
 /*
  * A message of a linked client that no plugin decides: with its names
  * renamed (result tables), by the core's prepared statements, or as it is.
@@ -1673,6 +1693,8 @@ static bool send_message(struct client *c, struct evbuffer *in, char type, uint3
 	if (c->ps_on && (type == 'P' || type == 'B' || type == 'D' || type == 'C'))
 		return ps_message(c, in, type, len);
 	note_sent_to_server(c, type);
+	if (type == 'Q')
+		note_query_drops(c, in, len);
 	forward_bytes(c, in, len + 1);
 	return !c->throttled;
 }
@@ -1775,8 +1797,10 @@ static bool watched_message(struct client *c, struct evbuffer *in, char type, ui
 		return !c->throttled && !c->fwd_remaining && !c->closing;
 	}
 	note_sent_to_server(c, type);
-	if (type == 'Q')
+	if (type == 'Q') {
+		note_query_drops(c, in, len);
 		plugin_stmt_query_sent(c, rq_at(&c->link->rq, c->link->rq.count - 1));
+	}
 	if (plugin_query_build(c, ev, &rt->pb)) {
 		struct evbuffer *out = bufferevent_get_output(c->link->bev);
 		plugin_query_give_map(ev, rq_at(&c->link->rq, c->link->rq.count - 1));

@@ -86,6 +86,8 @@ static void item_release(struct replyq *q, struct rq_item *it)
 	q->marked_gone |= it->mark_txn;
 	it->mark_txn = false;
 	entry_unref(it->e);
+	entry_unref(it->e_parsed);
+	it->e_parsed = NULL;
 	free(it->name);
 	textmap_free(it->map);
 	rt_tables_release(it->tables);
@@ -564,8 +566,9 @@ static void name_undo(struct server *s, uint32_t sync, const struct rq_item *it)
 	cn = cname_find(c, it->name, NULL);
 	if ((it->undo & RQ_UNDO_CL_PARSE) && cn && (cn->e == it->e || cn->parsed == it->e))
 		cname_del(c, cn);	/* (also after a plugin's re-parse of it) */
-	if ((it->undo & RQ_UNDO_CL_CLOSE) && !cn && it->e)
-		cname_add(c, it->name, entry_ref(it->e));
+	if ((it->undo & RQ_UNDO_CL_CLOSE) && !cn && it->e && cname_add(c, it->name, entry_ref(it->e)) &&
+	    it->e_parsed)	/* as it was: also the client's Parse a plugin's re-parse replaced */
+		cname_find(c, it->name, NULL)->parsed = entry_ref(it->e_parsed);
 }
 
 /*
@@ -803,7 +806,14 @@ bool ps_msg_name_unsettled(const struct client *c, const uint8_t *msg, uint32_t 
 			return false;	/* (a portal) */
 		off = 6;
 	}
-	return cstring(msg, have, &off, &name) && ps_name_unsettled(c, name);
+	if (!cstring(msg, have, &off, &name) || !name[0])
+		return false;
+	for (uint32_t i = 0; i < c->link->rq.count; i++) {
+		const struct rq_item *it = rq_at(&c->link->rq, i);
+		if (it->drops_all && it->act != RQ_HIDE)
+			return true;	/* the statements before it go, those after it stay */
+	}
+	return ps_name_unsettled(c, name);
 }
 
 /* (rq_unsettled: a Parse or Close of the entry arg on the server) */
@@ -866,7 +876,8 @@ static bool srv_ensure(struct server *s, struct ps_entry *e)
 }
 
 /* A reply the pooler gives itself in pipeline order, undone like the message it answers. */
-static int synth(struct client *c, char reply, int undo, struct ps_entry *e, const char *name)
+static int synth(struct client *c, char reply, int undo, struct ps_entry *e, struct ps_entry *parsed,
+		 const char *name)
 {
 	struct server *s = c->link;
 	struct rq_item *it = server_expect(s, reply, RQ_SYNTH);
@@ -875,6 +886,7 @@ static int synth(struct client *c, char reply, int undo, struct ps_entry *e, con
 		return PS_DONE;
 	it->undo = (uint8_t)undo;
 	it->e = entry_ref(e);
+	it->e_parsed = entry_ref(parsed);
 	it->name = xstrdup(name);
 	rq_flush_synth(s);
 	return PS_DONE;
@@ -923,7 +935,7 @@ int ps_parse(struct client *c, const uint8_t *msg, uint32_t mlen)
 	}
 	if (sstmt_find(s, e)) {
 		srv_ensure(s, e);
-		return synth(c, '1', RQ_UNDO_CL_PARSE, e, name);
+		return synth(c, '1', RQ_UNDO_CL_PARSE, e, NULL, name);
 	}
 	it = srv_prepare(s, e, RQ_FWD);
 	if (it) {
@@ -1018,17 +1030,19 @@ int ps_close(struct client *c, const uint8_t *msg, uint32_t mlen)
 	const char *name;
 	uint32_t off = 6;
 	struct ps_cname *cn;
-	struct ps_entry *e;
+	struct ps_entry *e, *parsed;
 	int rc;
 
 	if (mlen < 7 || msg[5] != 'S' || !cstring(msg, mlen, &off, &name) || !name[0])
 		return PS_PASS;
 	cn = cname_find(c, name, NULL);
 	if (!cn)	/* PostgreSQL: closing what does not exist is no error */
-		return synth(c, '3', 0, NULL, name);
+		return synth(c, '3', 0, NULL, NULL, name);
 	e = entry_ref(cn->e);
+	parsed = entry_ref(cn->parsed);
 	cname_del(c, cn);
-	rc = synth(c, '3', RQ_UNDO_CL_CLOSE, e, name);
+	rc = synth(c, '3', RQ_UNDO_CL_CLOSE, e, parsed, name);
+	entry_unref(parsed);
 	entry_unref(e);
 	return rc;
 }
@@ -1134,7 +1148,7 @@ void ps_deallocate(struct client *c, char type, char *name)
 {
 	struct server *s = c->link;
 	struct ps_cname *cn = cname_find(c, name, NULL);
-	struct ps_entry *e;
+	struct ps_entry *e, *parsed;
 	struct rq_item *it;
 
 	if (!cn) {		/* ps_deallocate_of() said it was there */
@@ -1142,6 +1156,7 @@ void ps_deallocate(struct client *c, char type, char *name)
 		return;
 	}
 	e = entry_ref(cn->e);
+	parsed = entry_ref(cn->parsed);
 	cname_del(c, cn);
 	c->pool->stats.client_parse_count += type == 'P';
 	s->pool->stats.server_parse_count += 2;
@@ -1167,6 +1182,7 @@ void ps_deallocate(struct client *c, char type, char *name)
 		/* an error before the Execute skips it: the name comes back (rq_discard_batch) */
 		it->undo = RQ_UNDO_CL_CLOSE;
 		it->e = entry_ref(e);
+		it->e_parsed = entry_ref(parsed);
 		it->name = name;
 		name = NULL;
 		pkt_send(&rt->pb, bufferevent_get_output(s->bev));
@@ -1174,5 +1190,6 @@ void ps_deallocate(struct client *c, char type, char *name)
 		pkt_reset(&rt->pb);
 	}
 	free(name);
+	entry_unref(parsed);
 	entry_unref(e);
 }

@@ -65,6 +65,7 @@ struct rq_item {
 	uint8_t act;		/* enum rq_act */
 	uint8_t undo;		/* enum rq_undo bits */
 	struct ps_entry *e;	/* a reference, or NULL */
+	struct ps_entry *e_parsed;	/* a Close of a name a plugin re-parsed: its ps_cname.parsed (a reference) */
 	char *name;		/* the client's statement name (owned), or NULL */
 	/* a client Query with query_set_var values in front (query_vars_inline) */
 	uint8_t hide_cc;	/* its leading CommandCompletes still to drop (the SETs') */
@@ -86,6 +87,7 @@ struct rq_item {
 	uint64_t st_made;		/* the entry a Parse made (stmt_text.id), 0: none */
 	uint32_t st_gen_at;		/* a Query: the last text generation given when it went (0: not known) */
 	bool mark_txn;			/* a plugin asked how its transaction ends (api->query_mark_txn) */
+	bool drops_all;			/* a client's Query that may DISCARD ALL or DEALLOCATE ALL */
 	bool st_undo;
 };
 
@@ -153,7 +155,11 @@ bool ps_parse_name_in_use(const struct client *c, const uint8_t *msg, uint32_t h
  * skip it, and whether the name exists is known only once it is answered.
  */
 bool ps_name_unsettled(const struct client *c, const char *name);
-/* The same for the name of a Parse, Bind, Describe or Close (msg, `have` bytes of it from the type byte) */
+/*
+ * The same for the name of a Parse, Bind, Describe or Close (msg, `have`
+ * bytes of it from the type byte); also any name while a Query of the
+ * client's that may drop every statement (rq_item.drops_all) is unanswered.
+ */
 bool ps_msg_name_unsettled(const struct client *c, const uint8_t *msg, uint32_t have);
 int ps_describe(struct client *c, const uint8_t *msg, uint32_t mlen);
 int ps_close(struct client *c, const uint8_t *msg, uint32_t mlen);

@@ -489,11 +489,11 @@ ODD_ORGS = ("05", " 5", "2 ", "abc", None, "-2", "9999999999999999999")
 #   been skipped), FINDING 7 (a named Parse pipelined into a block that failed, transaction pooling),
 #   FINDING 10 (a Describe of a name after a Parse of it that may have failed, session pooling),
 #   FINDING 11 (a Parse of a name in use with a text that fails, transaction pooling), FINDING 15 (an
-#   EXECUTE that fails with a position), FINDING 16 (messages pipelined behind DEALLOCATE ALL or
-#   DISCARD ALL, transaction pooling), FINDING 19 (a Describe of a named statement after a search_path
-#   change).
-#   Since FINDING 9 and FINDING 7's other shapes are fixed (a message naming a statement whose Parse or
-#   Close an earlier batch may yet skip waits for that batch's answer), it names such statements freely.
+#   EXECUTE that fails with a position), FINDING 19 (a Describe of a named statement after a
+#   search_path change).
+#   Since FINDING 9, 16 and FINDING 7's other shapes are fixed (a message naming a statement whose Parse
+#   or Close an earlier batch may yet skip, or sent behind a DEALLOCATE ALL or DISCARD ALL, waits for that
+#   batch's answer), it names such statements freely.
 # With LOKADB_DIFF_NO_AVOID=1 it draws names and parameter counts freely (run it so after a fix).
 AVOID = not os.environ.get("LOKADB_DIFF_NO_AVOID")
 
@@ -633,7 +633,6 @@ class Gen:
         self.steps = []
         self.n = 0
         self.models = {"A": Model(), "B": Model()}
-        self.end_round = False      # the last message must be read before anything else is sent
 
     # -- helpers --
     def emit(self, who, *step):
@@ -902,8 +901,6 @@ class Gen:
         sql = sql.replace("{lit}", self.lit()).replace("{name}", name)
         self.emit(who, "Q", sql)
         self.after_query(m, sql, name)
-        if AVOID and not self.session_mode() and sql in ("DEALLOCATE ALL", "DISCARD ALL"):
-            self.end_round = True       # FINDING 16: nothing pipelined behind it
 
     def after_query(self, m, sql, name):
         """What the Query does to the client's state, as far as the generator follows it."""
@@ -958,13 +955,10 @@ class Gen:
         m = self.models[who]
         rng = self.rng
         batches = 1 if rng.random() < 0.6 else rng.randint(2, 4)    # else pipelined
-        self.end_round = False
         for k in range(batches):
             last = k == batches - 1
             if not m.batch and self.chance(0.3):
                 self.query(who)
-                if self.end_round:
-                    break
                 continue
             # (sometimes long: org_routing re-parses at most 4 statements of a batch to a leaf)
             for _ in range(rng.randint(1, 4) if rng.random() < 0.9 else rng.randint(5, 10)):
@@ -1378,6 +1372,23 @@ def test_finding_19_a_describe_follows_the_search_path(diff_db, fresh_router, mo
     check_shape(diff_db, fresh_router, mode, seq)
 
 
+# FINDING 20 (fixed: the undo of a skipped Close gives the name back as it was, with the client's Parse that
+# a re-parse replaced): transaction pooling: a Parse of a name, a Bind of it for an isolated organization
+# (parsed again to the leaf) and a Close of it, all skipped after an error in their batch: the name stayed,
+# and a Bind of it in the next batch ran where PostgreSQL answers 26000 (the error comes 0.2 s late, so that
+# the whole batch is sent before it).
+LEAF_TEXT = "SELECT v.id, v.document_id, v.body FROM versions v WHERE v.organization_id = $1 AND v.id % 9 = 0 ORDER BY v.id"
+
+
+@pytest.mark.parametrize("mode, seq", shapes("", {
+    "skipped_parse_reparse_and_close": ([P("", SLOW_ERROR), B(""), E(), P("s3", LEAF_TEXT), B("s3", ["5"]), E(),
+                                         C("S", "s3"), S, B("s3", ["5"]), E(), S, R, B("s3", ["2"]), E(), S, R],
+                                        ()),
+}))
+def test_finding_20_a_skipped_close_after_a_reparse_gives_the_name_back_as_it_was(diff_db, fresh_router, mode, seq):
+    check_shape(diff_db, fresh_router, mode, seq)
+
+
 F10 = ("FINDING 10: session pooling: after a Parse of a name that PostgreSQL refuses (42P05) or skips, a Describe "
        "of the name, whose statement has a leaf's text on the server, gives the leaf's table OID in the "
        "RowDescription instead of the table's (the RowDescription of the name is no longer renamed)")
@@ -1478,18 +1489,19 @@ def test_finding_15_an_execute_error_keeps_its_position(diff_db, fresh_router, m
     check_shape(diff_db, fresh_router, mode, seq)
 
 
-F16 = ("FINDING 16: transaction pooling (the core's prepared statements, also without plugins): a Parse pipelined "
-       "behind a DEALLOCATE ALL (or DISCARD ALL) that is still running is decided on the statements from before "
-       "it: a name the client had gets 42P05 from lokadb (PostgreSQL: ParseComplete, the name is gone), and a "
-       "text the server connection had is answered ParseComplete by lokadb without a Parse, so the Bind that "
-       "follows fails with 26000 for LOKADB_n (PostgreSQL binds it); the rest of FINDING 8 (fe498c3)")
+# FINDING 16 (fixed: a message naming a statement waits for the answer to a DEALLOCATE ALL or DISCARD ALL
+# sent before it): transaction pooling (the core's prepared statements, also without plugins): a Parse
+# pipelined behind a DEALLOCATE ALL that was still running was decided on the statements from before it: a
+# name the client had got 42P05 from lokadb (PostgreSQL: ParseComplete, the name is gone), and a text the
+# server connection had was answered ParseComplete without a Parse, so the Bind that followed failed with
+# 26000 for LOKADB_n (PostgreSQL binds it).
 
 
-@pytest.mark.parametrize("mode, seq", shapes(F16, {
+@pytest.mark.parametrize("mode, seq", shapes("", {
     "a_name_the_client_had": ([P("s2", "SELECT 1 AS one"), S, R, Q(SLOW_DEALLOCATE_ALL),
-                               P("s2", "SELECT 2 AS two"), S, R], {"transaction"}),
+                               P("s2", "SELECT 2 AS two"), S, R], ()),
     "a_text_the_connection_had": ([P("s1", "SELECT 1 AS one"), S, R, Q(SLOW_DEALLOCATE_ALL),
-                                   P("s2", "SELECT 1 AS one"), B("s2"), E(), S, R], {"transaction"}),
+                                   P("s2", "SELECT 1 AS one"), B("s2"), E(), S, R], ()),
 }))
 def test_finding_16_a_parse_behind_deallocate_all_follows_it(diff_db, fresh_router, mode, seq):
     check_shape(diff_db, fresh_router, mode, seq)
