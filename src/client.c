@@ -1834,8 +1834,8 @@ static bool await_unsettled_name(struct client *c, struct evbuffer *in, uint32_t
 
 	if (have > (size_t)len + 1)
 		have = (size_t)len + 1;
-	if (have > PS_BIND_PEEK)
-		have = PS_BIND_PEEK;
+	if (have > PS_BIND_PEEK && !(evbuffer_pullup(in, 1)[0] == 'P' && have == (size_t)len + 1))
+		have = PS_BIND_PEEK;	/* (a whole Parse: its text may be one the core answers itself) */
 	if (!ps_msg_name_unsettled(c, evbuffer_pullup(in, (ssize_t)have), (uint32_t)have))
 		return false;
 	return plugin_client_await(c);

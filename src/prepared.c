@@ -253,18 +253,26 @@ static struct ps_link *tab_first(const struct ps_table *t, uint64_t hash)
 /* ================= the global cache ================= */
 
 /* The entry of a Parse body, made if new; the caller gets a reference (NULL: out of memory). */
+/* The cache's entry of a Parse body (name excluded), or NULL */
+static struct ps_entry *entry_find(const uint8_t *body, uint32_t blen, uint64_t h)
+{
+	for (struct ps_link *l = tab_first(&cache()->tab, h); l; l = l->next) {
+		struct ps_entry *e = (struct ps_entry *)l;
+		if (l->hash == h && e->blen == blen && memcmp(e->body, body, blen) == 0)
+			return e;
+	}
+	return NULL;
+}
+
 static struct ps_entry *entry_get(const uint8_t *body, uint32_t blen)
 {
 	struct ps_cache *pc = cache();
 	uint64_t h = hash_bytes(body, blen);
-	struct ps_entry *e;
+	struct ps_entry *e = entry_find(body, blen, h);
 
-	for (struct ps_link *l = tab_first(&pc->tab, h); l; l = l->next) {
-		e = (struct ps_entry *)l;
-		if (l->hash == h && e->blen == blen && memcmp(e->body, body, blen) == 0) {
-			e->refs++;
-			return e;
-		}
+	if (e) {
+		e->refs++;
+		return e;
 	}
 	e = malloc(sizeof(*e) + blen);
 	if (!e)
@@ -788,8 +796,7 @@ static bool cl_changes(const struct rq_item *it, const void *arg)
 
 bool ps_name_unsettled(const struct client *c, const char *name)
 {
-	return c->ps && c->link && c->link->rq.syncs && name[0] &&
-	       rq_client_unsettled(&c->link->rq, cl_changes, name);
+	return c->link && c->link->rq.syncs && name[0] && rq_client_unsettled(&c->link->rq, cl_changes, name);
 }
 
 bool ps_msg_name_unsettled(const struct client *c, const uint8_t *msg, uint32_t have)
@@ -797,7 +804,7 @@ bool ps_msg_name_unsettled(const struct client *c, const uint8_t *msg, uint32_t 
 	uint32_t off = 5;
 	const char *name;
 
-	if (!c->ps || !c->link || !c->link->rq.syncs || have < 6)
+	if (!c->link || !c->link->rq.syncs || have < 6)
 		return false;
 	if (msg[0] == 'B' && !cstring(msg, have, &off, &name))
 		return false;	/* (its portal) */
@@ -813,7 +820,24 @@ bool ps_msg_name_unsettled(const struct client *c, const uint8_t *msg, uint32_t 
 		if (it->drops_all && it->act != RQ_HIDE)
 			return true;	/* the statements before it go, those after it stay */
 	}
-	return ps_name_unsettled(c, name);
+	if (ps_name_unsettled(c, name))
+		return true;
+	if (msg[0] == 'P' && !cname_find(c, name, NULL)) {
+		/*
+		 * A Parse of a text the server has, which ps_parse answers itself
+		 * (ParseComplete), waits for the batches before it: they may leave
+		 * a failed transaction block, where PostgreSQL refuses it (25P02).
+		 * Once per statement and client. The whole message is needed.
+		 */
+		uint32_t body_off = off;
+		const char *query;
+		struct ps_entry *e;
+		if (!cstring(msg, have, &off, &query) || have - off < 2 || have - off != 2 + 4u * pkt_get_u16(msg + off))
+			return false;
+		e = entry_find(msg + body_off, have - body_off, hash_bytes(msg + body_off, have - body_off));
+		return e && sstmt_find(c->link, e);
+	}
+	return false;
 }
 
 /* (rq_unsettled: a Parse or Close of the entry arg on the server) */
@@ -900,6 +924,21 @@ bool ps_parse_name_in_use(const struct client *c, const uint8_t *msg, uint32_t h
 	return c->ps && cstring(msg, have, &off, &name) && name[0] && cname_find(c, name, NULL);
 }
 
+/*
+ * Since its last ReadyForQuery, has the server been sent a message that may
+ * end a transaction block (an Execute: of a ROLLBACK, say), or the client's
+ * Sync or Query?
+ */
+static bool batch_may_end_block(const struct server *s)
+{
+	for (uint32_t i = 0; i < s->rq.count; i++) {
+		const struct rq_item *it = rq_at(&s->rq, i);
+		if (it->type == 'E' || (rq_owes_ready(it->type) && it->act != RQ_HIDE))
+			return true;
+	}
+	return false;
+}
+
 int ps_parse(struct client *c, const uint8_t *msg, uint32_t mlen)
 {
 	struct server *s = c->link;
@@ -921,7 +960,7 @@ int ps_parse(struct client *c, const uint8_t *msg, uint32_t mlen)
 		client_close(c, "53200", "out of memory");
 		return PS_DONE;
 	}
-	if (sstmt_find(s, e) && s->txn_status == 'E' && !s->rq.count) {
+	if (sstmt_find(s, e) && s->txn_status == 'E' && !batch_may_end_block(s)) {
 		/* in a failed transaction PostgreSQL refuses every Parse (25P02): let
 		 * it, so that the name is not created; the server keeps its statement */
 		it = server_expect(s, 'P', RQ_FWD);

@@ -317,7 +317,10 @@ def test_a_name_whose_parse_or_close_an_earlier_batch_may_skip_waits_for_its_ans
     message waits for the earlier batch's answer, so it meets what PostgreSQL
     has: a Bind of a name whose Parse was skipped gets 26000 (it used to run
     the statement), a Parse of a name whose Close was skipped gets 42P05.
-    The error comes 0.2 s late, so that the later batch surely arrives first."""
+    Inside a transaction block, a Parse of a text the connection has, which
+    lokadb answers itself, waits for the batches before it, which may fail
+    the block (then PostgreSQL's 25P02 answers it). The error comes 0.2 s
+    late, so that the later batch surely arrives first."""
     b = make(bouncer_factory, default_pool_size=1)
     w = b.login("p0")
     slow_error = P("", "select 1/(count(*)-count(*)) from (select pg_sleep(0.2)) s") + B("") + E()
@@ -341,6 +344,15 @@ def test_a_name_whose_parse_or_close_an_earlier_batch_may_skip_waits_for_its_ans
     assert types(w.read_until_ready(timeout=10).messages) == "1Z"
     assert rows(w.read_until_ready(timeout=10).messages) == ["3"]
     assert rows(batch(w, B("kept"), E(), S)) == ["5"]
+    # in a transaction block that the Query before it fails: a Parse of a text the connection has
+    # gets PostgreSQL's 25P02 (not lokadb's ParseComplete), and the name is not made
+    assert types(batch(w, P("other", "select 5"), S)) == "1Z"
+    assert w.query("BEGIN").error is None
+    w.send(message(b"Q", b"select 1/(count(*)-count(*)) from (select pg_sleep(0.2)) s\0") + P("again", "select 5") + S)
+    assert error_of(w.read_until_ready(timeout=10).messages)["C"] == "22012"
+    assert error_of(w.read_until_ready(timeout=10).messages)["C"] == "25P02"
+    assert w.query("ROLLBACK").error is None
+    assert error_of(batch(w, B("again"), E(), S))["C"] == "26000"
     w.close()
 
 

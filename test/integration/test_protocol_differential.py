@@ -486,12 +486,11 @@ ODD_ORGS = ("05", " 5", "2 ", "abc", None, "-2", "9999999999999999999")
 #   documented: errors that name a statement name LOKADB_n (FINDING 5);
 #   open: FINDING 1 (SQL DEALLOCATE of a name), FINDING 6 (a wrong number of
 #   parameters in a failed block or after a search_path change, also of a name whose Parse may have
-#   been skipped), FINDING 7 (a named Parse pipelined into a block that failed, transaction pooling),
-#   FINDING 10 (a Describe of a name after a Parse of it that may have failed, session pooling),
+#   been skipped), FINDING 10 (a Describe of a name after a Parse of it that may have failed, session pooling),
 #   FINDING 11 (a Parse of a name in use with a text that fails, transaction pooling), FINDING 15 (an
 #   EXECUTE that fails with a position), FINDING 19 (a Describe of a named statement after a
 #   search_path change).
-#   Since FINDING 9, 16 and FINDING 7's other shapes are fixed (a message naming a statement whose Parse
+#   Since FINDING 7, 9 and 16 are fixed (a message naming a statement whose Parse
 #   or Close an earlier batch may yet skip, or sent behind a DEALLOCATE ALL or DISCARD ALL, waits for that
 #   batch's answer), it names such statements freely.
 # With LOKADB_DIFF_NO_AVOID=1 it draws names and parameter counts freely (run it so after a fix).
@@ -668,7 +667,7 @@ class Gen:
             return False                # transaction pooling: the unnamed statement of this batch only
         if not AVOID:
             return True
-        if name in m.unseen and (m.maybe_block or m.path_dirty):
+        if (name in m.unseen or name in m.shaky) and (m.maybe_block or m.path_dirty):
             return False                # FINDING 6: its parameter count may not be the one believed
         return name not in m.dropped    # FINDING 1
 
@@ -720,8 +719,6 @@ class Gen:
         names = [n for n in STMT_NAMES if not (AVOID and n in m.dropped)]
         if text.kind == "write":
             name = ""       # so that no name of it outlives the block: see Model.writer
-        elif AVOID and not self.session_mode() and m.maybe_block and m.unread:
-            name = ""       # FINDING 7: a named Parse sent before the block's failure is known
         else:
             if AVOID and not self.session_mode():
                 if not parses:
@@ -1261,18 +1258,17 @@ def test_finding_6_a_bind_error_in_a_failed_block_is_postgresqls(diff_db, fresh_
     check_shape(diff_db, fresh_router, mode, seq)
 
 
-F7 = ("FINDING 7: transaction pooling (the core's prepared statements, also without plugins): a named Parse "
-      "pipelined into a transaction block that an earlier statement has just failed, of a text the server "
-      "connection already has, is answered ParseComplete by lokadb (PostgreSQL: 25P02), and the name exists "
-      "afterwards (a Bind of it after the ROLLBACK runs; PostgreSQL: 26000)")
-# FINDING 7's other shapes (fixed since the core waits, before a Parse, Bind, Describe or DEALLOCATE of a
-# name, for the answer to an earlier batch's Parse or Close of it): a named Parse that PostgreSQL skips after
-# an error in its batch, then a Bind of the name in a batch sent before the error came back: the Bind ran
-# (PostgreSQL: 26000); a Close that PostgreSQL skips, then a Parse of the name sent past the Sync: it got
-# ParseComplete (PostgreSQL: 42P05).
+# FINDING 7 (fixed: the core waits, before a Parse, Bind, Describe or Close of a name, for the answer to an
+# earlier batch's Parse or Close of it, and before a Parse it would answer itself inside a transaction block
+# for the batches that may fail that block): transaction pooling (the core's prepared statements, also
+# without plugins): a named Parse that PostgreSQL skips after an error in its batch, then a Bind of the name
+# in a batch sent before the error came back: the Bind ran (PostgreSQL: 26000); a Close that PostgreSQL
+# skips, then a Parse of the name sent past the Sync: it got ParseComplete (PostgreSQL: 42P05); a named
+# Parse pipelined into a transaction block that an earlier statement had just failed, of a text the server
+# connection already had, got ParseComplete (PostgreSQL: 25P02), and the name existed afterwards.
 
 
-@pytest.mark.parametrize("mode, seq", shapes(F7, {
+@pytest.mark.parametrize("mode, seq", shapes("", {
     "skipped_parse_then_bind_past_the_sync": (
         [P("", "SELECT 1/0"), B(""), E(), P("s2", COUNT), S, B("s2", ["5"]), E(), S, R], ()),
     "skipped_parse_then_bind_to_a_portal_in_use": (
@@ -1286,7 +1282,7 @@ F7 = ("FINDING 7: transaction pooling (the core's prepared statements, also with
     # (the error comes 0.2 s late, so that the Parse surely arrives before lokadb knows of it)
     "parse_into_a_failed_block": (
         [P("s5", "SELECT 1 AS one"), S, R, Q("BEGIN"), R, Q(SLOW_ERROR), P("s6", "SELECT 1 AS one"), S,
-         Q("ROLLBACK"), R, B("s6"), E(), S, R], {"transaction"}),
+         Q("ROLLBACK"), R, B("s6"), E(), S, R], ()),
 }))
 def test_finding_7_a_pipelined_parse_is_done_only_when_postgresql_did_it(diff_db, fresh_router, mode, seq):
     check_shape(diff_db, fresh_router, mode, seq)
