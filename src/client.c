@@ -1926,7 +1926,7 @@ static bool client_message(struct client *c, struct evbuffer *in)
 		client_close(c, "08P01", "PQexec disallowed");
 		return false;
 	}
-	if (c->ps_on && c->link && c->link->rq.syncs && !c->skip_to_sync && !c->qev &&
+	if (c->ps_on && c->link && c->link->rq.syncs && !c->link->copy_in && !c->skip_to_sync && !c->qev &&
 	    (hdr[0] == 'P' || hdr[0] == 'B' || hdr[0] == 'D' || hdr[0] == 'C') && await_unsettled_name(c, in, len))
 		return false;
 	if (c->ps_on && (hdr[0] == 'Q' || hdr[0] == 'P') && !c->skip_to_sync && !c->qev) {

@@ -1311,6 +1311,8 @@ static bool client_answered(const struct client *c)
 {
 	const struct server *s = c ? c->link : NULL;
 
+	if (s && s->copy_in)
+		return true;	/* (COPY FROM STDIN: nothing more is answered before the client's data) */
 	for (uint32_t i = 0; s && s->rq.syncs && i < s->rq.count; i++) {
 		const struct rq_item *it = rq_at(&s->rq, i);
 		if (rq_owes_ready(it->type) && it->act != RQ_HIDE)

@@ -960,6 +960,8 @@ static bool server_message(struct server *s, struct evbuffer *in)
 	case 'G':
 		batch_flush(s, in);
 		s->copy_in = true;
+		if (s->link && s->link->answer_waits)
+			plugin_client_answered(s->link);	/* it waits for the client's data now */
 		/* a COPY started by Execute: PostgreSQL ignores the Sync already sent */
 		if (head && head->type == 'E' && rq_at(&s->rq, 1) && rq_at(&s->rq, 1)->type == 'S') {
 			struct rq_item *sync = rq_at(&s->rq, 1);

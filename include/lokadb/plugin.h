@@ -578,7 +578,9 @@ struct lk_api {
 	 * messages sent after the last Sync may be unanswered: PostgreSQL
 	 * answers them at a Sync still to come): from the event loop, never
 	 * inside this call, after the TXN_END of the last of them if it ended
-	 * a transaction. 1: nothing is unanswered now (ev_past_sync is 0) and
+	 * a transaction (a server in COPY FROM STDIN, which waits for the
+	 * client's data, counts as having answered). 1: nothing is unanswered
+	 * now (ev_past_sync is 0) and
 	 * fn is not called; 0: fn will be, unless the client closes first
 	 * (CLIENT_CLOSE instead); -1: bad arguments. One waiter per plugin and
 	 * client: a second call replaces the first. (ABI 1.15 cores answered

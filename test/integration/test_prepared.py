@@ -356,6 +356,27 @@ def test_a_name_whose_parse_or_close_an_earlier_batch_may_skip_waits_for_its_ans
     w.close()
 
 
+def test_a_waiting_message_behind_copy_from_stdin_does_not_hang(bouncer_factory, pg):
+    """A client that sends a Bind of a name whose Parse is unanswered right
+    behind a COPY FROM STDIN Query (not data, as PostgreSQL expects): once
+    PostgreSQL waits for the COPY's data, nothing more is answered before
+    the client sends it, so the Bind waits no longer: it goes on, and
+    PostgreSQL ends the COPY and the connection (a protocol violation), which
+    the client is told. Nothing hangs; other clients go on."""
+    fresh_table(pg, "p0", "copy_wait", "(v int)")
+    b = make(bouncer_factory, default_pool_size=1)
+    w = b.login("p0")
+    slow_error = P("", "select 1/(count(*)-count(*)) from (select pg_sleep(0.2)) s") + B("") + E()
+    w.send(slow_error + P("s1", "select 1") + S + message(b"Q", b"COPY copy_wait FROM STDIN\0") + B("s1") + E()
+           + S)
+    assert error_of(w.read_until_ready(timeout=10).messages)["C"] == "22012"
+    got = w.wait_closed(timeout=10)
+    assert [t for t, _ in got][:1] == [b"G"] and error_of(got) is not None, got
+    w = b.login("p0")
+    assert rows(batch(w, P("s2", "select 2"), B("s2"), E(), S)) == ["2"]
+    w.close()
+
+
 def test_duplicate_name_gives_42P05_and_aborts_like_postgres(bouncer_factory):
     b = make(bouncer_factory, default_pool_size=1)
     w = b.login("p0")
