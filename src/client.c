@@ -1537,6 +1537,10 @@ static int dealloc_message(struct client *c, struct evbuffer *in, char type, uin
 		free(name);	/* as await_unsettled_name */
 		return 0;
 	}
+	if (!ps_client_has(c, name)) {
+		free(name);	/* (its Close went after all) */
+		return -1;
+	}
 	c->request_time = rt->now;
 	note_sent_to_server(c, type == 'P' ? 'H' : 0);
 	ps_deallocate(c, type, name);

@@ -1176,11 +1176,16 @@ char *ps_deallocate_of(struct client *c, const uint8_t *msg, uint32_t mlen)
 	if (msg[0] == 'Q' && off != mlen)
 		return NULL;
 	name = deallocate_name(sql);
-	if (name && !cname_find(c, name, NULL)) {
+	if (name && !cname_find(c, name, NULL) && !ps_name_unsettled(c, name)) {
 		free(name);
 		return NULL;		/* not the client's protocol-level statement: the server's business */
 	}
-	return name;
+	return name;		/* (one whose Close is unanswered too: the caller waits, then asks again) */
+}
+
+bool ps_client_has(const struct client *c, const char *name)
+{
+	return cname_find(c, name, NULL) != NULL;
 }
 
 void ps_deallocate(struct client *c, char type, char *name)

@@ -149,6 +149,7 @@ enum ps_rc { PS_PASS, PS_DONE, PS_FAIL, PS_MORE };
 int ps_parse(struct client *c, const uint8_t *msg, uint32_t mlen);
 /* The client's Parse (its first `have` bytes at msg) names a statement it has: ps_parse refuses it (42P05). */
 bool ps_parse_name_in_use(const struct client *c, const uint8_t *msg, uint32_t have);
+bool ps_client_has(const struct client *c, const char *name);	/* a protocol-level statement of the client's */
 /*
  * A statement name of the client's whose Parse or Close (or DEALLOCATE) is
  * unanswered in an earlier batch: an error there may yet make PostgreSQL
@@ -178,7 +179,9 @@ int ps_bind(struct client *c, const uint8_t *msg, uint32_t have, uint32_t mlen, 
  * transaction state are PostgreSQL's. ps_deallocate_candidate: the start of
  * the message (`have` bytes) says it may be one (no parse).
  * ps_deallocate_of: the name when the whole message is one (malloc'd), else
- * NULL (another name, other SQL: the server's business). ps_deallocate:
+ * NULL (another name, other SQL: the server's business); also a name whose
+ * Close is unanswered in an earlier batch (ps_name_unsettled: the caller
+ * waits, then asks again). ps_deallocate:
  * sends it on the linked server, `name` given to it.
  */
 bool ps_deallocate_candidate(const uint8_t *msg, uint32_t have);

@@ -668,7 +668,8 @@ static void handle_rfq(struct server *s, struct evbuffer *in, const uint8_t *hdr
 
 	s->fwd_hidden = true;
 	while ((it = rq_head(&s->rq))) {
-		if (rq_owes_ready(it->type)) {
+		/* (skipping: a Query sent since the error was skipped too, to the Sync) */
+		if (rq_owes_ready(it->type) && (!s->skipping || it->type == 'S')) {
 			client_rfq = it->act != RQ_HIDE;
 			hidden_rfq = !client_rfq;
 			vars = it->vars;

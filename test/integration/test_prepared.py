@@ -344,6 +344,12 @@ def test_a_name_whose_parse_or_close_an_earlier_batch_may_skip_waits_for_its_ans
     assert types(w.read_until_ready(timeout=10).messages) == "1Z"
     assert rows(w.read_until_ready(timeout=10).messages) == ["3"]
     assert rows(batch(w, B("kept"), E(), S)) == ["5"]
+    # an SQL DEALLOCATE of a name whose Close was skipped: the name is there to deallocate
+    w.send(slow_error + C(b"S", "kept") + S + message(b"Q", b"DEALLOCATE kept\0"))
+    assert error_of(w.read_until_ready(timeout=10).messages)["C"] == "22012"
+    m = w.read_until_ready(timeout=10).messages
+    assert error_of(m) is None and types(m) == "CZ", m
+    assert error_of(batch(w, B("kept"), E(), S))["C"] == "26000"
     # in a transaction block that the Query before it fails: a Parse of a text the connection has
     # gets PostgreSQL's 25P02 (not lokadb's ParseComplete), and the name is not made
     assert types(batch(w, P("other", "select 5"), S)) == "1Z"
