@@ -1661,11 +1661,6 @@ static bool names_message(struct client *c, struct evbuffer *in, char type, uint
 	return more;
 }
 
-/*
- * A Close of a client whose statement texts plugins see: forwarded as any
- * other, then the text of a statement it closes goes, into the Close's
- * reply item (the server may yet skip the Close: plugin_stmt_undo).
- */
 #define PS_DROPS_PEEK 8192	/* bytes of a Query looked at for DISCARD ALL or DEALLOCATE ALL */
 
 /*
@@ -1703,6 +1698,11 @@ static bool send_message(struct client *c, struct evbuffer *in, char type, uint3
 	return !c->throttled;
 }
 
+/*
+ * A Close of a client whose statement texts plugins see: forwarded as any
+ * other, then the text of a statement it closes goes, into the Close's
+ * reply item (the server may yet skip the Close: plugin_stmt_undo).
+ */
 static bool stmt_close_message(struct client *c, struct evbuffer *in, uint32_t len)
 {
 	struct server *s = c->link;

@@ -263,7 +263,8 @@ struct server {
 	bool rfq_err;			/* an ErrorResponse to a client's message since the last ReadyForQuery */
 	/* it skips the client's messages to a Sync not sent yet (an error), and
 	 * the client goes on (a plugin held its next message): replies the core
-	 * would make up for them wait, and go with the skipped at that Sync */
+	 * would make up for them wait, and go with the skipped at that Sync, as
+	 * a Query sent meanwhile does (no ReadyForQuery of its own comes) */
 	bool skipping;
 	bool txn_failed;		/* the last idle ReadyForQuery ended a transaction an error rolled back */
 	bool txn_marked;		/* a marked message was answered, its transaction not ended yet */

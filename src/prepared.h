@@ -159,7 +159,10 @@ bool ps_name_unsettled(const struct client *c, const char *name);
 /*
  * The same for the name of a Parse, Bind, Describe or Close (msg, `have`
  * bytes of it from the type byte); also any name while a Query of the
- * client's that may drop every statement (rq_item.drops_all) is unanswered.
+ * client's that may drop every statement (rq_item.drops_all) is unanswered,
+ * and a Parse (whole in `have`) of a text the server has, which ps_parse
+ * would answer itself, past a Sync not answered (the batches before it
+ * may leave a failed transaction block).
  */
 bool ps_msg_name_unsettled(const struct client *c, const uint8_t *msg, uint32_t have);
 int ps_describe(struct client *c, const uint8_t *msg, uint32_t mlen);
