@@ -1727,6 +1727,21 @@ static bool stmt_close_message(struct client *c, struct evbuffer *in, uint32_t l
 	return more;
 }
 
+/*
+ * A decided Parse of a watched client, as it will go to the server (a
+ * plugin may have rewritten it): should it wait for the batches before it
+ * (await_unsettled_name)? true: it waits.
+ */
+static bool watched_parse_waits(struct client *c, struct lk_event *ev)
+{
+	bool w;
+
+	plugin_query_parse_msg(ev, &rt->pb);
+	w = ps_msg_name_unsettled(c, rt->pb.data, (uint32_t)rt->pb.len);
+	pkt_reset(&rt->pb);
+	return w && plugin_client_await(c);
+}
+
 /* Query, Parse or Bind of a client a plugin watches: the QUERY hook decides. */
 static bool watched_message(struct client *c, struct evbuffer *in, char type, uint32_t len)
 {
@@ -1745,6 +1760,9 @@ static bool watched_message(struct client *c, struct evbuffer *in, char type, ui
 	ev = c->qev;
 	if (!plugin_event_decided(ev, &rc))
 		return false;		/* a plugin holds it */
+	if (rc != LK_ERROR && rc != LK_HANDLED && type == 'P' && c->ps_on && c->link && c->link->rq.syncs &&
+	    !c->link->copy_in && !c->skip_to_sync && watched_parse_waits(c, ev))
+		return false;		/* decided; it goes on once the batches before it are answered */
 	if (rc == LK_ERROR || rc == LK_HANDLED) {
 		if (rc == LK_ERROR) {
 			const char *state, *msg;

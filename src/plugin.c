@@ -93,6 +93,10 @@ struct lk_event {
 	uint64_t st_made;		/* ... and the entry it made (stmt_text.id) */
 	bool mark_txn;			/* query_mark_txn: its reply item gets mark_txn */
 	struct lk_tables *tables;	/* query_result_tables (ABI 1.13): a reference */
+	/* a Parse: what its name's Describes were renamed with before it (a
+	 * reference), until the reply queue takes it (the Parse may be refused) */
+	struct lk_tables *rn_before;
+	bool rn_saved;
 	int n_vars;			/* query_set_var, in ->vars */
 	struct { struct lk_plugin *pl; lk_vars_fn fn; void *arg; } on_vars[4];	/* query_on_vars */
 	int n_on_vars;
@@ -379,6 +383,11 @@ void plugin_event_free(struct lk_event *ev)
 	}
 	if (ev->tables)
 		rt_tables_release(ev->tables);
+	if (ev->rn_saved) {
+		rt_tables_release(ev->rn_before);
+		ev->rn_before = NULL;
+		ev->rn_saved = false;
+	}
 	if (ev->res)
 		result_free(ev->res);
 #if EV_SPARE
@@ -1575,6 +1584,8 @@ static void stmt_undo_one(struct client *c, struct rq_item *it, bool failed)
 			cur = cur->next;
 		if (!it->st_made || !cur)
 			return;		/* a later message noted another text */
+		if (it->rn_undo)	/* its Describes are renamed as before it */
+			rt_names_set(&c->rnames, 'S', cur->name, it->rn_before);
 		stmt_free(stmt_detach(c, cur->name));
 		if (!(failed && it->st_before && !it->st_before->name[0]))
 			stmt_reattach(c, it);
@@ -1905,6 +1916,12 @@ void plugin_query_give_map(struct lk_event *ev, struct rq_item *it)
 		it->st_undo = true;
 		ev->st_before = NULL;
 		ev->st_made = 0;
+		if (ev->rn_saved) {
+			it->rn_before = ev->rn_before;
+			it->rn_undo = true;
+			ev->rn_before = NULL;
+			ev->rn_saved = false;
+		}
 	}
 	if (it->act != RQ_FWD)
 		return;
@@ -1942,6 +1959,10 @@ void plugin_query_note_tables(struct client *c, struct lk_event *ev)
 	if (!t && !c->rnames.n)
 		return;		/* (the usual case: nothing to forget either) */
 	if (ev->qtype == 'P') {
+		if (!ev->rn_saved) {	/* given back if PostgreSQL refuses or skips the Parse */
+			ev->rn_before = rt_tables_ref(rt_names_get(&c->rnames, 'S', ev->stmt));
+			ev->rn_saved = true;
+		}
 		rt_names_set(&c->rnames, 'S', ev->stmt, t);
 	} else if (ev->qtype == 'B') {
 		if (!t)
@@ -2641,6 +2662,16 @@ bool plugin_query_binds_unnamed(const struct lk_event *ev)
 }
 
 /* The message to send for a decided QUERY with LK_CONTINUE: rebuilt in pb when it changed (true). */
+/* A decided Parse as it will go to the server, into pb (nothing noted) */
+void plugin_query_parse_msg(struct lk_event *ev, struct pktbuf *pb)
+{
+	pkt_begin(pb, 'P');
+	pkt_put_string(pb, ev->stmt);
+	pkt_put_string(pb, ev->new_sql ? ev->new_sql : ev->sql);
+	pkt_put_bytes(pb, ev->body + ev->params_off - 2, 2 + 4u * (uint32_t)ev->nparams);
+	pkt_end(pb);
+}
+
 bool plugin_query_build(struct client *c, struct lk_event *ev, struct pktbuf *pb)
 {
 	bool changed = false;
@@ -2670,11 +2701,7 @@ bool plugin_query_build(struct client *c, struct lk_event *ev, struct pktbuf *pb
 		break;
 	case 'P':
 		if (ev->new_sql) {
-			pkt_begin(pb, 'P');
-			pkt_put_string(pb, ev->stmt);
-			pkt_put_string(pb, ev->new_sql);
-			pkt_put_bytes(pb, ev->body + ev->params_off - 2, 2 + 4u * (uint32_t)ev->nparams);
-			pkt_end(pb);
+			plugin_query_parse_msg(ev, pb);
 			changed = true;
 		}
 		note_client_parse(c, ev, ev->stmt, ev->new_sql ? ev->new_sql : ev->sql,

@@ -94,6 +94,9 @@ static void item_release(struct replyq *q, struct rq_item *it)
 	plugin_stmt_drop(it->st_before);
 	it->st_before = NULL;
 	it->st_undo = false;
+	rt_tables_release(it->rn_before);
+	it->rn_before = NULL;
+	it->rn_undo = false;
 	it->tables = NULL;
 	it->e = NULL;
 	it->name = NULL;

@@ -87,6 +87,8 @@ struct rq_item {
 	uint64_t st_made;		/* the entry a Parse made (stmt_text.id), 0: none */
 	uint32_t st_gen_at;		/* a Query: the last text generation given when it went (0: not known) */
 	bool mark_txn;			/* a plugin asked how its transaction ends (api->query_mark_txn) */
+	bool rn_undo;			/* a Parse: rn_before is what its name's Describes were renamed with before */
+	struct lk_tables *rn_before;	/* (a reference, or NULL: not renamed) */
 	bool drops_all;			/* a client's Query that may DISCARD ALL or DEALLOCATE ALL */
 	bool st_undo;
 };
