@@ -1543,7 +1543,15 @@ static int dealloc_message(struct client *c, struct evbuffer *in, char type, uin
 	}
 	c->request_time = rt->now;
 	note_sent_to_server(c, type == 'P' ? 'H' : 0);
-	ps_deallocate(c, type, name);
+	if (c->stmts) {		/* the statement texts plugins see: the name goes, back if skipped */
+		struct rq_item *it;
+		char *copy = xstrdup(name);
+		it = ps_deallocate(c, type, name);
+		plugin_stmt_closed(c, copy, it);
+		free(copy);
+	} else {
+		ps_deallocate(c, type, name);
+	}
 	if (!c->closing)
 		drop_message(c, in, len);
 	check_server_output(c);
@@ -1679,6 +1687,24 @@ static void note_query_drops(struct client *c, struct evbuffer *in, uint32_t len
 	sql = (const char *)evbuffer_pullup(in, (ssize_t)len + 1) + 5;
 	if (sql[len - 5] == 0)
 		it->drops_all = strcasestr(sql, "discard") || strcasestr(sql, "deallocate");
+}
+
+/*
+ * The client's Query just noted, `DEALLOCATE [PREPARE] name` of a statement
+ * whose text plugins see (session pooling, or not the core's prepared
+ * statements): the name goes, back if PostgreSQL skips the Query.
+ */
+static void note_query_deallocate(struct client *c, struct evbuffer *in, uint32_t len)
+{
+	uint32_t peek = len + 1 < PS_DEALLOC_PEEK ? len + 1 : PS_DEALLOC_PEEK;
+	char *name;
+
+	if (!c->stmts || len + 1 > PS_DEALLOC_MAX || !ps_deallocate_candidate(evbuffer_pullup(in, peek), peek))
+		return;
+	if ((name = ps_deallocate_name_of(evbuffer_pullup(in, (ssize_t)len + 1), len + 1))) {
+		plugin_stmt_closed(c, name, rq_at(&c->link->rq, c->link->rq.count - 1));
+		free(name);
+	}
 }
 
 /*
@@ -1822,6 +1848,7 @@ static bool watched_message(struct client *c, struct evbuffer *in, char type, ui
 	if (type == 'Q') {
 		note_query_drops(c, in, len);
 		plugin_stmt_query_sent(c, rq_at(&c->link->rq, c->link->rq.count - 1));
+		note_query_deallocate(c, in, len);
 	}
 	if (plugin_query_build(c, ev, &rt->pb)) {
 		struct evbuffer *out = bufferevent_get_output(c->link->bev);

@@ -551,6 +551,7 @@ void plugin_query_parse_msg(struct lk_event *ev, struct pktbuf *pb);
 /* The statement texts plugins see (stmt_text) follow the client's Parse, Close and Query, with their undo. */
 struct rq_item;
 void plugin_stmt_drop(struct stmt_text *st);
+void plugin_stmt_query_failed(struct client *c, struct rq_item *it);
 void plugin_stmt_undo(struct client *c, struct rq_item *it, bool failed);
 void plugin_stmt_closed(struct client *c, const char *name, struct rq_item *it);
 void plugin_stmts_dropped(struct client *c, uint32_t gen_at);

@@ -979,8 +979,14 @@ static bool stmt_changed_by(const struct rq_item *it, const void *arg)
 {
 	const struct stmt_change *ch = arg;
 
-	return it->st_undo && ((ch->id && it->st_made == ch->id) ||
-			       (it->st_before && strcmp(it->st_before->name, ch->name) == 0));
+	if (!it->st_undo)
+		return false;
+	if (ch->id && it->st_made == ch->id)
+		return true;
+	for (const struct stmt_text *st = it->st_before; st; st = st->next)
+		if (strcmp(st->name, ch->name) == 0)
+			return true;
+	return false;
 }
 
 /*
@@ -1508,10 +1514,14 @@ static struct stmt_text *stmt_detach(struct client *c, const char *name)
 	return NULL;
 }
 
+/* Free entries an item kept for an undo (a chain: a Query of `DEALLOCATE name` also drops the unnamed statement) */
 void plugin_stmt_drop(struct stmt_text *st)
 {
-	if (st)
+	while (st) {
+		struct stmt_text *next = st->next;
 		stmt_free(st);
+		st = next;
+	}
 }
 
 /*
@@ -1545,15 +1555,19 @@ static void note_client_parse(struct client *c, struct lk_event *ev, const char 
 /* Back in the client's list: an entry an undone message had taken off. */
 static void stmt_reattach(struct client *c, struct rq_item *it)
 {
-	struct stmt_text *st = it->st_before;
+	struct stmt_text *st;
 
-	if (!st || stmt_find(c, st->name))
-		return;		/* a later message noted another text: it came last */
-	it->st_before = NULL;
-	st->next = c->stmts;
-	c->stmts = st;
-	if (st->resend)
-		c->stmt_resends = true;
+	while ((st = it->st_before)) {
+		it->st_before = st->next;
+		if (stmt_find(c, st->name)) {
+			stmt_free(st);	/* a later message noted another text: it came last */
+			continue;
+		}
+		st->next = c->stmts;
+		c->stmts = st;
+		if (st->resend)
+			c->stmt_resends = true;
+	}
 }
 
 /*
@@ -1610,12 +1624,40 @@ void plugin_stmt_closed(struct client *c, const char *name, struct rq_item *it)
 
 	if (!st)
 		return;
-	if (!it || it->st_before) {
+	if (!it || it->st_made) {
 		stmt_free(st);
 		return;
 	}
+	st->next = it->st_before;	/* (a DEALLOCATE Query: also the unnamed statement's) */
 	it->st_before = st;
 	it->st_undo = true;
+}
+
+/*
+ * The client's Query of item `it` failed: a `DEALLOCATE name` in it did not
+ * happen, and the name's entry comes back (the unnamed statement stays
+ * dropped: PostgreSQL drops it before it runs the Query).
+ */
+void plugin_stmt_query_failed(struct client *c, struct rq_item *it)
+{
+	struct stmt_text **pp = &it->st_before, *st;
+
+	if (!c || !it->st_undo)
+		return;
+	while ((st = *pp)) {
+		if (!st->name[0]) {
+			pp = &st->next;
+			continue;
+		}
+		*pp = st->next;
+		if (stmt_find(c, st->name)) {
+			stmt_free(st);
+			continue;
+		}
+		st->next = c->stmts;
+		c->stmts = st;
+	}
+	stmt_rebind(c);
 }
 
 /* The client's Query went: PostgreSQL drops the unnamed statement (a DISCARD ALL in it: see below). */

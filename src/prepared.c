@@ -1164,11 +1164,10 @@ static char *deallocate_name(const char *sql)
 	return name;
 }
 
-char *ps_deallocate_of(struct client *c, const uint8_t *msg, uint32_t mlen)
+char *ps_deallocate_name_of(const uint8_t *msg, uint32_t mlen)
 {
 	const char *sql, *pname = "";
 	uint32_t off = 5;
-	char *name;
 
 	if (msg[0] == 'P' && (!cstring(msg, mlen, &off, &pname) || pname[0]))
 		return NULL;
@@ -1178,7 +1177,13 @@ char *ps_deallocate_of(struct client *c, const uint8_t *msg, uint32_t mlen)
 		return NULL;		/* with parameter types: PostgreSQL says what is wrong */
 	if (msg[0] == 'Q' && off != mlen)
 		return NULL;
-	name = deallocate_name(sql);
+	return deallocate_name(sql);
+}
+
+char *ps_deallocate_of(struct client *c, const uint8_t *msg, uint32_t mlen)
+{
+	char *name = ps_deallocate_name_of(msg, mlen);
+
 	if (name && !cname_find(c, name, NULL) && !ps_name_unsettled(c, name)) {
 		free(name);
 		return NULL;		/* not the client's protocol-level statement: the server's business */
@@ -1191,7 +1196,7 @@ bool ps_client_has(const struct client *c, const char *name)
 	return cname_find(c, name, NULL) != NULL;
 }
 
-void ps_deallocate(struct client *c, char type, char *name)
+struct rq_item *ps_deallocate(struct client *c, char type, char *name)
 {
 	struct server *s = c->link;
 	struct ps_cname *cn = cname_find(c, name, NULL);
@@ -1200,7 +1205,7 @@ void ps_deallocate(struct client *c, char type, char *name)
 
 	if (!cn) {		/* ps_deallocate_of() said it was there */
 		free(name);
-		return;
+		return NULL;
 	}
 	e = entry_ref(cn->e);
 	parsed = entry_ref(cn->parsed);
@@ -1239,4 +1244,5 @@ void ps_deallocate(struct client *c, char type, char *name)
 	free(name);
 	entry_unref(parsed);
 	entry_unref(e);
+	return it;
 }

@@ -191,7 +191,8 @@ int ps_bind(struct client *c, const uint8_t *msg, uint32_t have, uint32_t mlen, 
  */
 bool ps_deallocate_candidate(const uint8_t *msg, uint32_t have);
 char *ps_deallocate_of(struct client *c, const uint8_t *msg, uint32_t mlen);
-void ps_deallocate(struct client *c, char type, char *name);
+struct rq_item *ps_deallocate(struct client *c, char type, char *name);	/* the item of its undo, or NULL */
+char *ps_deallocate_name_of(const uint8_t *msg, uint32_t mlen);	/* ps_deallocate_of for any name */
 /* A plugin's query_reparse at a Bind of a named statement: the name now stands for `sql` (same parameter types). */
 bool ps_reparse(struct client *c, const char *name, const char *sql);
 

@@ -844,6 +844,8 @@ static bool inspect_message(struct server *s, struct evbuffer *in, const uint8_t
 			head->hide_cc = 0;	/* the Query stops here: no SET's reply comes after */
 			head->vars_err = true;
 		}
+		if (head && head->type == 'Q' && head->st_undo)
+			plugin_stmt_query_failed(s->link, head);	/* (a DEALLOCATE name in it did not run) */
 		pkt_init(&pb);
 		fixed = fix_error(&pb, type, body, len - 4, head);	/* before the batch's items go */
 		/* after an extended-protocol message PostgreSQL skips the batch up to its

@@ -484,14 +484,14 @@ ODD_ORGS = ("05", " 5", "2 ", "abc", None, "-2", "9999999999999999999")
 # While AVOID (unless LOKADB_DIFF_NO_AVOID=1), the generator keeps away from differences that
 # lokadb documents and from the open findings (the regression tests below show each):
 #   documented: errors that name a statement name LOKADB_n (FINDING 5);
-#   open: FINDING 1 (SQL DEALLOCATE of a name), FINDING 6 (a wrong number of parameters in a failed
-#   block or after a search_path change, also of a name whose Parse may have been skipped), FINDING 11
-#   (a Parse of a name in use with a text that fails, transaction pooling), FINDING 15 (an EXECUTE that
-#   fails with a position), FINDING 19 (a Describe of a named statement after a search_path change).
-#   Since FINDING 7, 9, 10 and 16 are fixed (a message naming a statement whose Parse or Close an
-#   earlier batch may yet skip, or sent behind a DEALLOCATE ALL or DISCARD ALL, waits for that batch's
-#   answer; a refused Parse gives back its name's renames), it names and describes such statements
-#   freely.
+#   open: FINDING 6 (a wrong number of parameters in a failed block or after a search_path change,
+#   also of a name whose Parse may have been skipped), FINDING 11 (a Parse of a name in use with a text
+#   that fails, transaction pooling), FINDING 15 (an EXECUTE that fails with a position), FINDING 19 (a
+#   Describe of a named statement after a search_path change).
+#   Since FINDING 1 (for a Query), 7, 9, 10 and 16 are fixed (a message naming a statement whose Parse
+#   or Close an earlier batch may yet skip, or sent behind a DEALLOCATE ALL or DISCARD ALL, waits for
+#   that batch's answer; a refused Parse gives back its name's renames; a Query's DEALLOCATE of a name
+#   is followed), it names, describes and deallocates such statements freely.
 # With LOKADB_DIFF_NO_AVOID=1 it draws names and parameter counts freely (run it so after a fix).
 AVOID = not os.environ.get("LOKADB_DIFF_NO_AVOID")
 
@@ -598,7 +598,6 @@ class Model:
         self.absent = set(STMT_NAMES + SQL_NAMES + (UNKNOWN,)) - {""}    # names that surely do not
         self.unseen = set()         # names a Parse or Close that may not have happened touched, since
         #                             the last READ (lokadb does not know the outcome yet either)
-        self.dropped = set()        # names an SQL DEALLOCATE named (FINDING 1)
         self.shaky = set()          # names with a Parse that may have failed since their last sure one
         self.portal_stmt = {}       # portal -> the statement it was bound from
         self.portals = set()
@@ -668,7 +667,7 @@ class Gen:
             return True
         if (name in m.unseen or name in m.shaky) and (m.maybe_block or m.path_dirty):
             return False                # FINDING 6: its parameter count may not be the one believed
-        return name not in m.dropped    # FINDING 1
+        return True
 
     def describable(self, m, name):
         """FINDING 19: no Describe of a named statement after a search_path change."""
@@ -712,7 +711,7 @@ class Gen:
             types = self.rng.choice([(20,), (20,), (20,), (23,), (25,)])
         # (with a declared text parameter `organization_id = $1` is bigint = text: 42883)
         parses = text.parse_ok and types != (25,) and not (m.path_dirty and text.tenant)
-        names = [n for n in STMT_NAMES if not (AVOID and n in m.dropped)]
+        names = list(STMT_NAMES)
         if text.kind == "write":
             name = ""       # so that no name of it outlives the block: see Model.writer
         else:
@@ -923,7 +922,6 @@ class Gen:
                 for n in names:
                     m.unsure(n)
         elif sql.startswith("DEALLOCATE "):
-            m.dropped.add(name)
             if sure:
                 m.stmts.pop(name, None)
                 m.sure.discard(name)
@@ -1141,12 +1139,10 @@ def check_shape(diff_db, fresh_router, mode, seq):
     assert_same_as_postgresql(seq, diff_db, fresh_router(mode), mode)
 
 
-F1 = ("FINDING 1: an SQL DEALLOCATE of a protocol-level statement (a simple Query or the unnamed statement's, "
-      "DEALLOCATE or DEALLOCATE PREPARE) is not followed by org_routing's record of the name: in session pooling a "
-      "Bind of the name for an isolated organization parses it again to the leaf text, so it runs where PostgreSQL "
-      "answers 26000, and after an SQL PREPARE of the name the old text runs; in both pool modes, in a failed "
-      "block, what org_routing sends in front of such a Bind gets 25P02 where PostgreSQL answers 26000 (Close, "
-      "DEALLOCATE ALL and DISCARD ALL are followed since 5e8b1c4)")
+F1 = ("FINDING 1: session pooling: an SQL DEALLOCATE of a protocol-level statement sent as the unnamed "
+      "statement's Parse, Bind and Execute is not followed by org_routing's record of the name: a Bind of the name "
+      "for an isolated organization parses it again to the leaf text, so it runs where PostgreSQL answers 26000 "
+      "(a Query's DEALLOCATE or DEALLOCATE PREPARE of a name, DEALLOCATE ALL and DISCARD ALL are followed)")
 DEALLOCATED = BOUND_FOR_2 + [Q("DEALLOCATE s1"), R]
 
 
@@ -1156,11 +1152,11 @@ DEALLOCATED = BOUND_FOR_2 + [Q("DEALLOCATE s1"), R]
                                                     B("s1", ["5"]), E(), S, R], ()),
     "deallocate_all": (BOUND_FOR_2 + [Q("DEALLOCATE ALL"), R, B("s1", ["5"]), E(), S, R], ()),
     "discard_all": (BOUND_FOR_2 + [Q("DISCARD ALL"), R, B("s1", ["5"]), E(), S, R], ()),
-    "deallocate": (DEALLOCATED + [B("s1", ["5"]), E(), S, R], {"session"}),
-    # in transaction pooling lokadb answers 26000 itself, but not in a failed block: 25P02 there
+    "deallocate": (DEALLOCATED + [B("s1", ["5"]), E(), S, R], ()),
+    # in a failed block: PostgreSQL's 26000, not 25P02 for what org_routing would send in front
     "deallocate_then_a_failed_block": (DEALLOCATED + [Q("BEGIN"), Q("SELECT 1/0"), R, B("s1", ["5"]), E(), S,
-                                                      Q("ROLLBACK"), R], {"session", "transaction"}),
-    "deallocate_prepare": (BOUND_FOR_2 + [Q("DEALLOCATE PREPARE s1"), R, B("s1", ["5"]), E(), S, R], {"session"}),
+                                                      Q("ROLLBACK"), R], ()),
+    "deallocate_prepare": (BOUND_FOR_2 + [Q("DEALLOCATE PREPARE s1"), R, B("s1", ["5"]), E(), S, R], ()),
     "deallocate_with_the_extended_protocol": (BOUND_FOR_2 + [P("", "DEALLOCATE s1"), B(""), E(), S, R,
                                                              B("s1", ["5"]), E(), S, R], {"session"}),
     # (SQL PREPARE is session state: session pooling only)
@@ -1170,7 +1166,7 @@ DEALLOCATED = BOUND_FOR_2 + [Q("DEALLOCATE s1"), R]
         B("s1", ["5"]), E(), S, R], (), ("session",)),
     "sql_prepare_of_the_name_after_deallocate": (DEALLOCATED + [
         Q("PREPARE s1 (bigint) AS SELECT id, title FROM documents WHERE organization_id = $1 ORDER BY id LIMIT 2"), R,
-        B("s1", ["5"]), E(), S, R], {"session"}, ("session",)),
+        B("s1", ["5"]), E(), S, R], (), ("session",)),
 }))
 def test_finding_1_a_removed_statement_stays_removed(diff_db, fresh_router, mode, seq):
     check_shape(diff_db, fresh_router, mode, seq)
