@@ -956,8 +956,24 @@ int ps_parse(struct client *c, const uint8_t *msg, uint32_t mlen)
 	body_off = off;
 	if (!cstring(msg, mlen, &off, &query) || mlen - off < 2 || mlen - off != 2 + 4u * pkt_get_u16(msg + off))
 		return PS_PASS;
-	if (cname_find(c, name, NULL))
+	if (cname_find(c, name, NULL)) {
+		/*
+		 * PostgreSQL analyzes the text before it looks at the name: the
+		 * text goes first as the unnamed statement (hidden), so that its
+		 * error comes first (the batch fails either way, and with it the
+		 * unnamed statement's use)
+		 */
+		pkt_begin(&rt->pb, 'P');
+		pkt_put_string(&rt->pb, "");
+		pkt_put_bytes(&rt->pb, msg + body_off, mlen - body_off);
+		pkt_end(&rt->pb);
+		if (!server_expect(s, 'P', RQ_HIDE)) {
+			pkt_reset(&rt->pb);
+			return PS_DONE;
+		}
+		pkt_send(&rt->pb, bufferevent_get_output(s->bev));
 		return ps_fail(c, "42P05", "prepared statement \"%s\" already exists", name, 0);
+	}
 	e = entry_get(msg + body_off, mlen - body_off);
 	if (!e || !cname_add(c, name, e)) {
 		client_close(c, "53200", "out of memory");

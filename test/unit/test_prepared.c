@@ -215,10 +215,12 @@ static bool test_second_client_parse_is_answered_by_the_pooler(void)
 	out_take(f.c2.bev, t, sizeof(t), n, sizeof(n));
 	CHECK_STR(t, "1");		/* ParseComplete at once: nothing was owed before it */
 	CHECK(f.s.rq.count == 0);
-	/* the same name twice: the server is made to raise 42P05 */
+	/* the same name twice: the text goes first as the unnamed statement (its own error would come
+	 * first), then the server is made to raise 42P05 */
 	CHECK(do_parse(&f.c2, "other", "select 2") == PS_FAIL);
 	out_take(f.s.bev, t, sizeof(t), n, sizeof(n));
-	CHECK_STR(t, "PBE");
+	CHECK_STR(t, "PPBE");
+	CHECK(f.s.rq.count == 4 && rq_head(&f.s.rq)->act == RQ_HIDE);
 	CHECK(ps_client_count(&f.c2) == 1);
 end:
 	fx_done(&f);
