@@ -1640,7 +1640,7 @@ static void ps_watched(struct client *c, struct lk_event *ev, struct evbuffer *i
 static bool names_message(struct client *c, struct evbuffer *in, char type, uint32_t len)
 {
 	const uint8_t *b;
-	struct lk_tables *t = NULL;
+	struct lk_tables *t = NULL, *closed = NULL;
 	struct server *s = c->link;
 	uint32_t items = s->rq.count;
 	bool more;
@@ -1648,11 +1648,16 @@ static bool names_message(struct client *c, struct evbuffer *in, char type, uint
 	if (!want_whole(c, in, len))
 		return false;
 	b = evbuffer_pullup(in, (ssize_t)len + 1) + 5;
+	if (type == 'D' && len >= 6 && b[0] == 'S' && plugin_renames_unsettled(c) && plugin_client_await(c))
+		return false;	/* (a Parse or Close in an earlier batch may yet give its renames back) */
 	if (len >= 6 && b[len - 5] == 0) {	/* (else PostgreSQL says what is wrong with it) */
-		if (type == 'C')
+		if (type == 'C') {
+			if (b[0] == 'S')	/* given back if PostgreSQL skips the Close */
+				closed = rt_tables_ref(rt_names_get(&c->rnames, 'S', (const char *)b + 1));
 			rt_names_set(&c->rnames, (char)b[0], (const char *)b + 1, NULL);
-		else
+		} else {
 			t = rt_names_get(&c->rnames, (char)b[0], (const char *)b + 1);
+		}
 	}
 	if (c->ps_on) {
 		more = ps_message(c, in, type, len);
@@ -1666,6 +1671,15 @@ static bool names_message(struct client *c, struct evbuffer *in, char type, uint
 		if (it->type == 'D' && it->act == RQ_FWD && !it->tables)
 			it->tables = rt_tables_ref(t);
 	}
+	if (closed && !c->closing && !s->closing && s->rq.count > items) {
+		struct rq_item *it = rq_at(&s->rq, s->rq.count - 1);
+		if ((it->type == 'C' || (it->type == '3' && it->act == RQ_SYNTH)) && !it->rn_undo) {
+			it->rn_before = closed;
+			it->rn_undo = true;
+			closed = NULL;
+		}
+	}
+	rt_tables_release(closed);
 	return more;
 }
 

@@ -547,6 +547,7 @@ void plugin_shutdown(void);		/* LK_HOOK_SHUTDOWN, once per process */
 void plugin_client_free(struct client *c);
 void plugin_client_answered(struct client *c);
 bool plugin_client_await(struct client *c);
+bool plugin_renames_unsettled(const struct client *c);
 void plugin_query_parse_msg(struct lk_event *ev, struct pktbuf *pb);
 /* The statement texts plugins see (stmt_text) follow the client's Parse, Close and Query, with their undo. */
 struct rq_item;

@@ -1398,6 +1398,21 @@ static int answer_wait_add(struct lk_plugin *pl, struct client *c, lk_answered_f
 	return 0;
 }
 
+/*
+ * Is a Parse or Close that changed how a statement's Describes are renamed
+ * unanswered (it may yet be skipped or refused, and the renames come
+ * back)?
+ */
+bool plugin_renames_unsettled(const struct client *c)
+{
+	const struct server *s = c->link;
+
+	for (uint32_t i = 0; s && s->rq.syncs && i < s->rq.count; i++)
+		if (rq_at(&s->rq, i)->rn_undo)
+			return true;
+	return false;
+}
+
 static int api_client_on_answered(lk_plugin *self, lk_client *h, lk_answered_fn fn, void *arg)
 {
 	return self ? answer_wait_add(self, CL(h), fn, arg) : -1;
@@ -1604,6 +1619,8 @@ static void stmt_undo_one(struct client *c, struct rq_item *it, bool failed)
 		if (!(failed && it->st_before && !it->st_before->name[0]))
 			stmt_reattach(c, it);
 	} else {
+		if (it->rn_undo && it->st_before)	/* a Close: its name's Describes renamed as before it */
+			rt_names_set(&c->rnames, 'S', it->st_before->name, it->rn_before);
 		stmt_reattach(c, it);
 	}
 	it->st_undo = false;

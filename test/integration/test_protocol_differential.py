@@ -1397,7 +1397,8 @@ def test_finding_21_a_held_query_in_a_failed_batch_is_skipped(diff_db, fresh_rou
 
 
 # FINDING 10 (fixed: a Parse that PostgreSQL refuses or skips gives back how its name's Describes were
-# renamed): session pooling: after a Parse of a name that PostgreSQL refused (42P05) or skipped, a Describe
+# renamed, and so does a skipped Close; a Describe waits for the answer to such a Parse or Close in an earlier
+# batch): session pooling: after a Parse of a name that PostgreSQL refused (42P05) or skipped, a Describe
 # of the name, whose statement has a leaf's text on the server, gave the leaf's table OID in the
 # RowDescription instead of the table's (the RowDescription of the name was no longer renamed).
 LEAF_5 = [P("s1", "SELECT v.id, v.document_id, v.body FROM versions v WHERE v.organization_id = $1 "
@@ -1408,6 +1409,9 @@ LEAF_5 = [P("s1", "SELECT v.id, v.document_id, v.body FROM versions v WHERE v.or
     "refused_parse": (LEAF_5 + [P("s1", "SELECT 1 AS one"), S, R, D("S", "s1"), S, R], ()),
     "skipped_parse": (LEAF_5 + [P("", "SELECT 1/0"), B(""), E(), P("s1", "SELECT 1 AS one"), S, R,
                                 D("S", "s1"), S, R], ()),
+    # a Close PostgreSQL skips, and a Describe of the name sent before the error came back (0.2 s late)
+    "skipped_close_then_describe_past_the_sync": (LEAF_5 + [P("", SLOW_ERROR), B(""), E(), C("S", "s1"), S,
+                                                            D("S", "s1"), S, R], ()),
 }))
 def test_finding_10_a_describe_names_the_table_after_a_refused_parse(diff_db, fresh_router, mode, seq):
     check_shape(diff_db, fresh_router, mode, seq)
