@@ -1328,12 +1328,7 @@ static bool client_answered(const struct client *c)
 
 	if (s && s->copy_in)
 		return true;	/* (COPY FROM STDIN: nothing more is answered before the client's data) */
-	for (uint32_t i = 0; s && s->rq.syncs && i < s->rq.count; i++) {
-		const struct rq_item *it = rq_at(&s->rq, i);
-		if (rq_owes_ready(it->type) && it->act != RQ_HIDE)
-			return false;
-	}
-	return true;
+	return !s || !rq_client_owes_ready(&s->rq);
 }
 
 static void answer_waits_free(struct answer_wait *w)
@@ -1568,12 +1563,16 @@ static void note_client_parse(struct client *c, struct lk_event *ev, const char 
 }
 
 /* Back in the client's list: an entry an undone message had taken off. */
-static void stmt_reattach(struct client *c, struct rq_item *it)
+static void stmt_reattach(struct client *c, struct rq_item *it, bool named_only)
 {
-	struct stmt_text *st;
+	struct stmt_text **pp = &it->st_before, *st;
 
-	while ((st = it->st_before)) {
-		it->st_before = st->next;
+	while ((st = *pp)) {
+		if (named_only && !st->name[0]) {
+			pp = &st->next;
+			continue;
+		}
+		*pp = st->next;
 		if (stmt_find(c, st->name)) {
 			stmt_free(st);	/* a later message noted another text: it came last */
 			continue;
@@ -1617,11 +1616,11 @@ static void stmt_undo_one(struct client *c, struct rq_item *it, bool failed)
 			rt_names_set(&c->rnames, 'S', cur->name, it->rn_before);
 		stmt_free(stmt_detach(c, cur->name));
 		if (!(failed && it->st_before && !it->st_before->name[0]))
-			stmt_reattach(c, it);
+			stmt_reattach(c, it, false);
 	} else {
 		if (it->rn_undo && it->st_before)	/* a Close: its name's Describes renamed as before it */
 			rt_names_set(&c->rnames, 'S', it->st_before->name, it->rn_before);
-		stmt_reattach(c, it);
+		stmt_reattach(c, it, false);
 	}
 	it->st_undo = false;
 }
@@ -1657,23 +1656,9 @@ void plugin_stmt_closed(struct client *c, const char *name, struct rq_item *it)
  */
 void plugin_stmt_query_failed(struct client *c, struct rq_item *it)
 {
-	struct stmt_text **pp = &it->st_before, *st;
-
 	if (!c || !it->st_undo)
 		return;
-	while ((st = *pp)) {
-		if (!st->name[0]) {
-			pp = &st->next;
-			continue;
-		}
-		*pp = st->next;
-		if (stmt_find(c, st->name)) {
-			stmt_free(st);
-			continue;
-		}
-		st->next = c->stmts;
-		c->stmts = st;
-	}
+	stmt_reattach(c, it, true);
 	stmt_rebind(c);
 }
 

@@ -785,6 +785,16 @@ bool rq_unsettled(const struct replyq *q, bool (*match)(const struct rq_item *it
 	return unsettled_in(q, match, arg, false);
 }
 
+bool rq_client_owes_ready(const struct replyq *q)
+{
+	for (uint32_t i = 0; q->syncs && i < q->count; i++) {
+		const struct rq_item *it = rq_at(q, i);
+		if (rq_owes_ready(it->type) && it->act != RQ_HIDE)
+			return true;
+	}
+	return false;
+}
+
 bool rq_client_unsettled(const struct replyq *q, bool (*match)(const struct rq_item *it, const void *arg),
 			 const void *arg)
 {
@@ -807,8 +817,8 @@ bool ps_msg_name_unsettled(const struct client *c, const uint8_t *msg, uint32_t 
 	uint32_t off = 5;
 	const char *name;
 
-	if (!c->link || !c->link->rq.syncs || have < 6)
-		return false;
+	if (!c->link || have < 6 || !rq_client_owes_ready(&c->link->rq))
+		return false;	/* (nothing of the client's unanswered: nothing to wait for) */
 	if (msg[0] == 'B' && !cstring(msg, have, &off, &name))
 		return false;	/* (its portal) */
 	if (msg[0] == 'D' || msg[0] == 'C') {

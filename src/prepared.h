@@ -115,6 +115,8 @@ bool rq_unsettled(const struct replyq *q, bool (*match)(const struct rq_item *it
 /* The same with only the client's own Syncs and Queries ending a batch (the ones an error skips to) */
 bool rq_client_unsettled(const struct replyq *q, bool (*match)(const struct rq_item *it, const void *arg),
 			 const void *arg);
+/* Does the queue hold a Sync or Query of the client's (not a hidden one of the pooler's)? */
+bool rq_client_owes_ready(const struct replyq *q);
 struct rq_item *rq_push(struct replyq *q, char type, int act);	/* NULL: out of memory */
 struct rq_item *rq_at(const struct replyq *q, uint32_t i);	/* i-th from the head, or NULL */
 void rq_pop(struct replyq *q);
