@@ -258,6 +258,8 @@ struct server {
 	bool ready;			/* nothing owed, idle in no transaction */
 	bool copy_in;
 	bool ext_open;			/* extended-protocol messages sent since the last Sync */
+	bool ext_fails;			/* and a Parse, Bind, Describe or Execute went to the server
+					 * (each fails in a failed block: PostgreSQL then skips to the Sync) */
 	bool ext_armed;			/* values went inside a batch: mark the next item owing a ReadyForQuery */
 	bool ext_err;			/* an ErrorResponse (or a ROLLBACK) since the last ReadyForQuery */
 	bool rfq_err;			/* an ErrorResponse to a client's message since the last ReadyForQuery */

@@ -2435,9 +2435,13 @@ void plugin_query_send_vars(struct client *c, struct lk_event *ev)
 			 * pipeline" behind another Execute): nothing goes */
 			want = 0;
 			outcome = LK_VARS_SKIPPED;
-		} else {
+		} else if (ev->qtype != 'Q' || s->ext_fails) {
 			ext = true;
 		}
+		/* else a Query behind messages the core answered itself (a Close):
+		 * the server has no batch open, and extended messages that failed
+		 * (25P02 in a failed block) would make PostgreSQL skip the Query,
+		 * which without them runs; a hidden Query fails alone */
 	}
 	if (want) {
 		char sql[TV_MAX * TV_SQL_ONE + 16];

@@ -525,6 +525,10 @@ struct rq_item *server_expect(struct server *s, char type, int act)
 		server_close(s, "out of memory");
 		return NULL;
 	}
+	if (act != RQ_SYNTH && type == 'S')
+		s->ext_fails = false;
+	else if (act != RQ_SYNTH && (type == 'P' || type == 'B' || type == 'D' || type == 'E'))
+		s->ext_fails = true;
 	if (s->ext_armed && rq_owes_ready(type)) {
 		/* its ReadyForQuery says whether the values sent inside the batch stuck */
 		it->vars_ext = true;

@@ -1396,6 +1396,25 @@ def test_finding_21_a_held_query_in_a_failed_batch_is_skipped(diff_db, fresh_rou
     check_shape(diff_db, fresh_router, mode, seq)
 
 
+# FINDING 22 (fixed): transaction pooling: in a failed transaction block, a Close the core answers itself and
+# then a Query that org_routing gives an organization: the Close left the client's batch open, so the value
+# went in front of the Query as hidden extended-protocol messages; they failed (25P02), PostgreSQL skipped
+# the Query to the Sync, and lokadb took the Sync's ReadyForQuery for the Query's: the Sync's never came (the
+# client read the ROLLBACK's answer for it). The server has no batch open there: the value now goes as a
+# hidden Query, which fails alone.
+MULTI_999 = "SELECT 1 AS a; SELECT count(*), max(body) FROM versions WHERE organization_id = 999"
+
+
+@pytest.mark.parametrize("mode, seq", shapes("", {
+    "close_then_query_in_a_failed_block": ([Q("BEGIN"), Q("SELECT 1/0"), R, C("S", "s1"), Q(MULTI_999), S,
+                                            Q("ROLLBACK"), R], ()),
+    "close_then_query_pipelined_into_a_failed_block": ([Q("BEGIN"), P("", SLOW_ERROR), B(""), E(), S,
+                                                        C("S", "s1"), Q(MULTI_999), S, Q("ROLLBACK"), R], ()),
+}))
+def test_finding_22_a_query_behind_a_close_in_a_failed_block_is_answered(diff_db, fresh_router, mode, seq):
+    check_shape(diff_db, fresh_router, mode, seq)
+
+
 # FINDING 10 (fixed: a Parse that PostgreSQL refuses or skips gives back how its name's Describes were
 # renamed, and so does a skipped Close; a Describe waits for the answer to such a Parse or Close in an earlier
 # batch): session pooling: after a Parse of a name that PostgreSQL refused (42P05) or skipped, a Describe
