@@ -1318,6 +1318,29 @@ static void drop_message(struct client *c, struct evbuffer *in, uint32_t len)
  * extended-protocol message everything up to the next Sync is dropped and
  * the Sync is answered, as PostgreSQL does after an error.
  */
+/*
+ * The pooler's own reply to the client's message (in pb; ready: a
+ * ReadyForQuery goes after it): while the client's server owes it earlier
+ * replies, after those (rq_synth_reply), so that a pipelining client reads
+ * its answers in order; and it goes with the batch if the server skips it
+ * (an earlier error, also one that came while a plugin held this message),
+ * as PostgreSQL would skip the message.
+ */
+static void reply_in_order(struct client *c, struct pktbuf *pb, bool ready)
+{
+	struct server *s = c->link;
+
+	if (s && !s->closing && (s->rq.count || s->fwd_remaining || s->skipping)) {
+		if (!pb->failed)
+			rq_synth_reply(s, pb->data, pb->len, ready);
+		pkt_reset(pb);
+		return;
+	}
+	if (ready)
+		pkt_ready(pb, client_txn_status(c));
+	pkt_send(pb, bufferevent_get_output(c->bev));
+}
+
 static void fail_message(struct client *c, struct evbuffer *in, char type, uint32_t len, const char *sqlstate,
 			 const char *msg)
 {
@@ -1328,11 +1351,9 @@ static void fail_message(struct client *c, struct evbuffer *in, char type, uint3
 		log_warning("%s pooler error: %s", client_ident(c, ident, sizeof(ident)), msg);
 	drop_message(c, in, len);
 	pkt_error(pb, "ERROR", sqlstate, msg, NULL);
-	if (rq_owes_ready(type))
-		pkt_ready(pb, client_txn_status(c));
-	else
+	if (!rq_owes_ready(type))
 		c->skip_to_sync = true;
-	pkt_send(pb, bufferevent_get_output(c->bev));
+	reply_in_order(c, pb, rq_owes_ready(type));
 }
 
 /*
@@ -1810,7 +1831,8 @@ static bool watched_message(struct client *c, struct evbuffer *in, char type, ui
 			fail_message(c, in, type, len, state, msg);
 		} else {
 			drop_message(c, in, len);
-			plugin_query_answer(c, ev, client_txn_status(c));
+			plugin_query_answer(ev, &rt->pb);
+			reply_in_order(c, &rt->pb, type == 'Q');
 		}
 		c->qev = NULL;
 		plugin_event_free(ev);

@@ -584,7 +584,7 @@ void plugin_tvars_hidden_rfq(struct server *s, char status);
 void plugin_tvars_inline_rfq(struct server *s, char status, bool failed);
 void plugin_tvars_ext_rfq(struct server *s, uint32_t seq, bool ok);
 enum lk_hook plugin_event_hook(const struct lk_event *ev);
-void plugin_query_answer(struct client *c, struct lk_event *ev, char status);
+void plugin_query_answer(struct lk_event *ev, struct pktbuf *pb);
 void plugin_note_parse(struct client *c, const char *name, const char *sql);
 bool plugin_query_binds_unnamed(const struct lk_event *ev);
 bool plugin_query_wants_reparse(const struct lk_event *ev);

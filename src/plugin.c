@@ -2786,10 +2786,10 @@ bool plugin_query_build(struct client *c, struct lk_event *ev, struct pktbuf *pb
 	return changed;
 }
 
-/* LK_HANDLED: the plugin's answer, then what the protocol needs after it. */
-void plugin_query_answer(struct client *c, struct lk_event *ev, char status)
+/* LK_HANDLED: the plugin's answer, then what the protocol needs after it
+ * but the ReadyForQuery of a Query, into pb. */
+void plugin_query_answer(struct lk_event *ev, struct pktbuf *pb)
 {
-	struct pktbuf *pb = &rt->pb;
 	struct lk_result *res = ev->res;
 
 	if (ev->qtype == 'Q') {
@@ -2799,17 +2799,16 @@ void plugin_query_answer(struct client *c, struct lk_event *ev, char status)
 				snprintf(tag, sizeof(tag), "SELECT %d", res->nrows);
 				pkt_command_complete(&res->pb, tag);
 			}
-			pkt_send(&res->pb, bufferevent_get_output(c->bev));
+			if (!res->pb.failed)
+				pkt_put_bytes(pb, res->pb.data, res->pb.len);
 		} else {
 			pkt_begin(pb, 'I');	/* EmptyQueryResponse */
 			pkt_end(pb);
 		}
-		pkt_ready(pb, status);
 	} else {
 		pkt_begin(pb, ev->qtype == 'P' ? '1' : '2');
 		pkt_end(pb);
 	}
-	pkt_send(pb, bufferevent_get_output(c->bev));
 }
 
 /* ================= ROUTE ================= */

@@ -101,6 +101,8 @@ static void item_release(struct replyq *q, struct rq_item *it)
 	it->e = NULL;
 	it->name = NULL;
 	it->map = NULL;
+	free(it->reply);
+	it->reply = NULL;
 }
 
 void rq_pop(struct replyq *q)
@@ -545,11 +547,41 @@ void rq_flush_synth(struct server *s)
 
 	while (!s->fwd_remaining && !s->skipping && (it = rq_head(&s->rq)) && it->act == RQ_SYNTH) {
 		struct client *c = s->link;
-		uint8_t msg[5] = { (uint8_t)it->type, 0, 0, 0, 4 };	/* ParseComplete '1' / CloseComplete '3' */
-		if (c && !c->closing && c->bev)
-			evbuffer_add(bufferevent_get_output(c->bev), msg, sizeof(msg));
+		uint8_t msg[6] = { (uint8_t)it->type, 0, 0, 0, 4 };	/* ParseComplete '1' / CloseComplete '3' */
+		if (c && !c->closing && c->bev) {
+			struct evbuffer *out = bufferevent_get_output(c->bev);
+			if (it->type != 'r') {
+				evbuffer_add(out, msg, 5);
+			} else {
+				evbuffer_add(out, it->reply, it->reply_len);
+				msg[0] = 'Z';
+				msg[4] = 5;
+				msg[5] = (uint8_t)s->txn_status;
+				if (it->reply_ready)
+					evbuffer_add(out, msg, 6);
+			}
+		}
 		rq_pop(&s->rq);
 	}
+}
+
+bool rq_synth_reply(struct server *s, const uint8_t *bytes, size_t len, bool ready)
+{
+	struct rq_item *it = server_expect(s, 'r', RQ_SYNTH);
+
+	if (!it)
+		return false;
+	it->reply = len ? malloc(len) : NULL;
+	if (len && !it->reply) {
+		server_close(s, "out of memory");
+		return false;
+	}
+	if (len)
+		memcpy(it->reply, bytes, len);
+	it->reply_len = (uint32_t)len;
+	it->reply_ready = ready;
+	rq_flush_synth(s);
+	return true;
 }
 
 #define RQ_UNDO_SRV (RQ_UNDO_SRV_PARSE | RQ_UNDO_SRV_CLOSE | RQ_UNDO_SRV_RECLOSE)

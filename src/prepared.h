@@ -12,9 +12,10 @@
  *             its ReadyForQuery, a hidden Parse/Close/Bind only its
  *             completion (errors still reach the client);
  *   RQ_SYNTH  a reply the pooler makes itself (ParseComplete of a statement
- *             the server already has, CloseComplete): written to the client
- *             when the item reaches the head, so the client sees its replies
- *             in pipeline order.
+ *             the server already has, CloseComplete; type 'r': the bytes of
+ *             a refusal or of a plugin's answer, rq_synth_reply): written to
+ *             the client when the item reaches the head, so the client sees
+ *             its replies in pipeline order.
  * After an ErrorResponse to an extended-protocol message the server skips
  * everything up to the next Sync: those items are discarded and what they
  * did to the statement maps is undone (rq_item.undo). What a later batch,
@@ -90,6 +91,9 @@ struct rq_item {
 	bool rn_undo;			/* a Parse: rn_before is what its name's Describes were renamed with before */
 	struct lk_tables *rn_before;	/* (a reference, or NULL: not renamed) */
 	bool drops_all;			/* a client's Query that may DISCARD ALL or DEALLOCATE ALL */
+	bool reply_ready;		/* type 'r': a ReadyForQuery goes after the bytes */
+	uint32_t reply_len;
+	uint8_t *reply;			/* type 'r': the made-up reply (owned) */
 	bool st_undo;
 };
 
@@ -132,6 +136,14 @@ static inline struct rq_item *rq_head(const struct replyq *q)
 struct rq_item *server_expect(struct server *s, char type, int act);
 /* Write the synthesized replies now at the head of the queue to the client. */
 void rq_flush_synth(struct server *s);
+/*
+ * A made-up reply (len bytes; ready: then a ReadyForQuery with the server's
+ * status at that point) to a client message the pooler answers itself while
+ * the server owes the client earlier replies: it goes after them, and goes
+ * with a batch the server skips, as the message would have. false: out of
+ * memory (the server is closed).
+ */
+bool rq_synth_reply(struct server *s, const uint8_t *bytes, size_t len, bool ready);
 /*
  * An ErrorResponse to an extended-protocol message (head_failed: the head
  * item's), or messages the server skipped: drop the items up to the next

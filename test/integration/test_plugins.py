@@ -552,6 +552,46 @@ def test_query_error_on_bind_keeps_the_prepared_statement(bouncer_factory):
     assert seen["bind_sql"] == "select $1::text || '!'" and seen["bind_param0"] == "fine"
 
 
+def test_a_refusal_or_an_answer_pipelined_behind_a_running_statement_comes_after_its_replies(bouncer_factory):
+    """A pipelining client reads its replies in the order it sent the
+    messages: a plugin's refusal or answer of a message sent while the
+    server still runs an earlier one waits for that one's replies (it came
+    first, and the ReadyForQuery after it has the status the earlier ones
+    left)."""
+    b = hooks(bouncer_factory, {"watch": "all", "fail_marker": "/*deny*/", "answer": "select 'ans'"},
+              settings={"pool_mode": "transaction"})
+    w = b.login("p0", "pooluser1")
+    w.send(message(b"Q", b"begin\0") + message(b"Q", b"select pg_sleep(0.3), 1 as one\0")
+           + message(b"Q", b"select 2 /*deny*/\0") + message(b"Q", b"select 'ans'\0")
+           + Wire.parse_msg("select $1::int /*deny*/") + Wire.bind_msg(params=[3]) + Wire.execute_msg()
+           + Wire.sync_msg() + message(b"Q", b"select 4\0"))
+    got = [w.read_until_ready(timeout=5) for _ in range(6)]
+    assert [msg_types(r) for r in got] == ["CZ", "TDCZ", "EZ", "TDCZ", "EZ", "TDCZ"], [r.messages for r in got]
+    assert got[1].rows == [["", "1"]] and got[3].rows == [["answered by t_hooks", "1"]]
+    assert got[5].rows == [["4"]]
+    assert_error(got[2].error, "42501", "t_hooks refused this statement (Q)")
+    assert_error(got[4].error, "42501", "t_hooks refused this statement (P)")
+    assert [ready_status(r) for r in got] == ["T"] * 6      # the refusals leave the transaction as it was
+    w.query("rollback")
+
+
+def test_a_refusal_of_a_message_postgresql_skips_is_not_sent(bouncer_factory):
+    """An Execute fails while a plugin holds the next message, which it then
+    refuses: PostgreSQL skips every message of the batch after the error, so
+    the client gets no reply for it (before: its refusal came as an extra
+    error)."""
+    b = hooks(bouncer_factory, {"watch": "all", "async_fail_marker": "/*slowfail*/", "async_ms": "300"},
+              settings={"pool_mode": "transaction"})
+    w = b.login("p0", "pooluser1")
+    for held in (message(b"Q", b"select 1 /*slowfail*/\0"),
+                 Wire.parse_msg("select 1 /*slowfail*/") + Wire.bind_msg() + Wire.execute_msg()):
+        w.send(Wire.parse_msg("select 1/0") + Wire.bind_msg() + Wire.execute_msg() + held + Wire.sync_msg())
+        res = w.read_until_ready(timeout=5)
+        assert msg_types(res) == "1EZ", res.messages       # (PostgreSQL folds 1/0 at the Bind)
+        assert_error(res.error, "22012")
+        assert w.scalar("select 2") == "2"
+
+
 def test_query_async_resumes_later_and_keeps_the_order(bouncer_factory):
     b = hooks(bouncer_factory, {"watch": "pooluser1", "async_marker": "/*slow*/",
                                 "async_ms": "400"})
