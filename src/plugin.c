@@ -1562,10 +1562,35 @@ static void note_client_parse(struct client *c, struct lk_event *ev, const char 
 	}
 }
 
-/* Back in the client's list: an entry an undone message had taken off. */
+/*
+ * A message sent after the one being undone (the batch it skipped: past its
+ * Sync; head: the failed Query at the head) that drops statement `name` (a
+ * Close, a DEALLOCATE, a Query: the unnamed one), or NULL.
+ */
+static struct rq_item *stmt_dropped_later(struct client *c, const char *name, bool head)
+{
+	bool past = false;
+
+	for (uint32_t i = 0; c->link && i < c->link->rq.count; i++) {
+		struct rq_item *o = rq_at(&c->link->rq, i);
+		past |= head ? i > 0 : o->type == 'S';
+		if (past && ((o->st_drops && strcmp(o->st_drops, name) == 0) ||
+			     (!name[0] && o->type == 'Q' && o->act == RQ_FWD)))
+			return o;
+	}
+	return NULL;
+}
+
+/*
+ * Back in the client's list: an entry an undone message had taken off
+ * (named_only: a failed Query at the head; the unnamed statement stays
+ * dropped), unless a later message noted another text of its name, or
+ * drops it: then that message holds it for its own undo.
+ */
 static void stmt_reattach(struct client *c, struct rq_item *it, bool named_only)
 {
-	struct stmt_text **pp = &it->st_before, *st;
+	struct stmt_text **pp = &it->st_before, *st, *o;
+	struct rq_item *later;
 
 	while ((st = *pp)) {
 		if (named_only && !st->name[0]) {
@@ -1575,6 +1600,19 @@ static void stmt_reattach(struct client *c, struct rq_item *it, bool named_only)
 		*pp = st->next;
 		if (stmt_find(c, st->name)) {
 			stmt_free(st);	/* a later message noted another text: it came last */
+			continue;
+		}
+		if ((later = stmt_dropped_later(c, st->name, named_only))) {
+			/* a later message drops it: its own undo gives it back if needed */
+			for (o = later->st_before; o && strcmp(o->name, st->name) != 0; o = o->next)
+				;
+			if (o || later->st_made) {
+				stmt_free(st);	/* (it dropped a newer text of the name) */
+			} else {
+				st->next = later->st_before;
+				later->st_before = st;
+				later->st_undo = true;
+			}
 			continue;
 		}
 		st->next = c->stmts;
@@ -1638,6 +1676,8 @@ void plugin_stmt_closed(struct client *c, const char *name, struct rq_item *it)
 {
 	struct stmt_text *st = stmt_detach(c, name);
 
+	if (it && !it->st_made && name[0] && !it->st_drops)
+		it->st_drops = xstrdup(name);
 	if (!st)
 		return;
 	if (!it || it->st_made) {

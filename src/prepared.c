@@ -103,6 +103,8 @@ static void item_release(struct replyq *q, struct rq_item *it)
 	it->map = NULL;
 	free(it->reply);
 	it->reply = NULL;
+	free(it->st_drops);
+	it->st_drops = NULL;
 }
 
 void rq_pop(struct replyq *q)

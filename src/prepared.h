@@ -91,6 +91,9 @@ struct rq_item {
 	bool rn_undo;			/* a Parse: rn_before is what its name's Describes were renamed with before */
 	struct lk_tables *rn_before;	/* (a reference, or NULL: not renamed) */
 	bool drops_all;			/* a client's Query that may DISCARD ALL or DEALLOCATE ALL */
+	/* a client's Close (or Query's DEALLOCATE) of the statement text plugins
+	 * see of this name (owned; a client's Query drops the unnamed one) */
+	char *st_drops;
 	bool reply_ready;		/* type 'r': a ReadyForQuery goes after the bytes */
 	uint32_t reply_len;
 	uint8_t *reply;			/* type 'r': the made-up reply (owned) */

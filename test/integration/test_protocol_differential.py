@@ -1415,6 +1415,19 @@ def test_finding_22_a_query_behind_a_close_in_a_failed_block_is_answered(diff_db
     check_shape(diff_db, fresh_router, mode, seq)
 
 
+# FINDING 23 (fixed: an undone message gives a statement text back to plugins only if no message sent after
+# its batch drops it): a Query skipped after an error in its batch, then a Query of a later batch, both sent
+# before the error came back: the skipped Query gave the unnamed statement's text back although the later Query
+# dropped the statement, so org_routing parsed it again (to organization 1's leaf) at a Bind of the unnamed
+# statement, which ran where PostgreSQL answers 26000.
+@pytest.mark.parametrize("mode, seq", shapes("", {
+    "query_skipped_then_a_later_query": ([P("", COUNT), B("", ["5", "2"]), E(), Q("SELECT 1 AS a"), S,
+                                          Q("SELECT 2 AS b"), R, B("", ["1"]), E(), S, R], ()),
+}))
+def test_finding_23_a_statement_a_later_message_drops_stays_dropped(diff_db, fresh_router, mode, seq):
+    check_shape(diff_db, fresh_router, mode, seq)
+
+
 # FINDING 10 (fixed: a Parse that PostgreSQL refuses or skips gives back how its name's Describes were
 # renamed, and so does a skipped Close; a Describe waits for the answer to such a Parse or Close in an earlier
 # batch): session pooling: after a Parse of a name that PostgreSQL refused (42P05) or skipped, a Describe
