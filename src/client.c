@@ -1748,7 +1748,8 @@ static void note_query_deallocate(struct client *c, struct evbuffer *in, uint32_
  */
 static bool send_message(struct client *c, struct evbuffer *in, char type, uint32_t len)
 {
-	if (c->rnames.n && (type == 'D' || type == 'C'))
+	/* (a Describe also with none renamed now: a skipped Parse or Close may give some back) */
+	if ((c->rnames.n && (type == 'D' || type == 'C')) || (type == 'D' && plugin_renames_unsettled(c)))
 		return names_message(c, in, type, len);
 	if (c->ps_on && (type == 'P' || type == 'B' || type == 'D' || type == 'C'))
 		return ps_message(c, in, type, len);

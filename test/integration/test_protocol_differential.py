@@ -1444,6 +1444,11 @@ LEAF_5 = [P("s1", "SELECT v.id, v.document_id, v.body FROM versions v WHERE v.or
     # a Close PostgreSQL skips, and a Describe of the name sent before the error came back (0.2 s late)
     "skipped_close_then_describe_past_the_sync": (LEAF_5 + [P("", SLOW_ERROR), B(""), E(), C("S", "s1"), S,
                                                             D("S", "s1"), S, R], ()),
+    # (FINDING 24) a Parse PostgreSQL skips after a Bind of the unnamed statement failed, which had dropped
+    # the unnamed portal's renames too: no name had renames left when the Describe went, so it did not wait
+    "skipped_parse_then_describe_with_no_renames_left": ([P("s1", FEED_5[0][3]), B("s1", ["5"]), B("", ["999"]),
+                                                          P("s1", "SELECT 1 AS one"), S, D("S", "s1"), S, R],
+                                                         ()),
 }))
 def test_finding_10_a_describe_names_the_table_after_a_refused_parse(diff_db, fresh_router, mode, seq):
     check_shape(diff_db, fresh_router, mode, seq)
