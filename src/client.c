@@ -1618,8 +1618,15 @@ static void send_reparse(struct client *c, struct lk_event *ev)
 		gen = plugin_query_reparse_msgs(c, ev, &rt->pb, &hidden);
 	else
 		gen = plugin_stmt_resend_msgs(c, c->link, name, &rt->pb, &hidden);
-	if (gen)
+	if (gen && server_block_failed(c->link)) {
+		/* PostgreSQL refuses the Parse (25P02) and the Bind with it, where
+		 * the Bind's own error comes first (08P01): the text goes at a
+		 * Bind after the block */
+		pkt_reset(&rt->pb);
+		plugin_reparse_unsent(c, name, gen);
+	} else if (gen) {
 		send_parse_first(c, name, gen, hidden);
+	}
 }
 
 /* The decided Parse/Bind of a watched client with prepared statements: the plugin's version of it, mapped. */

@@ -2457,7 +2457,13 @@ void plugin_query_send_vars(struct client *c, struct lk_event *ev)
 		if (k < 0 || t->v[k].vlen != x->vlen[i] || memcmp(t->v[k].value, x->value[i], x->vlen[i]) != 0)
 			want |= 1u << i;
 	}
-	if (want && ev->qtype == 'Q' && ev->vars_inline) {
+	if (want && ev->qtype != 'Q' && server_block_failed(s)) {
+		/* PostgreSQL refuses the message in the failed block (25P02) unless
+		 * it ends the block (which needs no values), and its own error
+		 * (08P01, a syntax error) comes first: the values would fail first */
+		want = 0;
+		outcome = LK_VARS_SKIPPED;
+	} else if (want && ev->qtype == 'Q' && ev->vars_inline) {
 		/* in front of the Query itself: fine also after an open batch (the Query ends it) */
 	} else if (want && ev->qtype != 'Q' && ev->vars_inline && !ev->n_prefix) {
 		/* a Parse or Bind whose statement may share its transaction
@@ -2656,18 +2662,25 @@ uint32_t plugin_stmt_resend_msgs(struct client *c, struct server *s, const char 
 }
 
 /*
- * The server skipped or refused item `it`, a re-parse's Parse: it does not
- * have the text noted for the client's statement, unless a later message
- * noted another (its own Parse goes to the server).
+ * The server does not have text generation `gen` noted for the client's
+ * statement `name` (a re-parse not sent, skipped or refused), unless a
+ * later message noted another (its own Parse goes to the server): it is
+ * sent again before the next Bind.
  */
-void plugin_reparse_lost(struct client *c, const struct rq_item *it)
+void plugin_reparse_unsent(struct client *c, const char *name, uint32_t gen)
 {
-	struct stmt_text *st = c && it->name ? stmt_find(c, it->name) : NULL;
+	struct stmt_text *st = c && name ? stmt_find(c, name) : NULL;
 
-	if (st && st->gen == it->reparse_gen) {
+	if (st && st->gen == gen) {
 		st->resend = true;
 		c->stmt_resends = true;
 	}
+}
+
+/* The server skipped or refused item `it`, a re-parse's Parse. */
+void plugin_reparse_lost(struct client *c, const struct rq_item *it)
+{
+	plugin_reparse_unsent(c, it->name, it->reparse_gen);
 }
 
 static int set_route(lk_event *ev, const char *dbname)

@@ -990,6 +990,11 @@ static bool batch_may_end_block(const struct server *s)
 	return false;
 }
 
+bool server_block_failed(const struct server *s)
+{
+	return s->txn_status == 'E' && !batch_may_end_block(s);
+}
+
 int ps_parse(struct client *c, const uint8_t *msg, uint32_t mlen)
 {
 	struct server *s = c->link;
@@ -1027,7 +1032,7 @@ int ps_parse(struct client *c, const uint8_t *msg, uint32_t mlen)
 		client_close(c, "53200", "out of memory");
 		return PS_DONE;
 	}
-	if (sstmt_find(s, e) && s->txn_status == 'E' && !batch_may_end_block(s)) {
+	if (sstmt_find(s, e) && server_block_failed(s)) {
 		/* in a failed transaction PostgreSQL refuses every Parse (25P02): let
 		 * it, so that the name is not created; the server keeps its statement */
 		it = server_expect(s, 'P', RQ_FWD);

@@ -124,6 +124,8 @@ bool rq_client_unsettled(const struct replyq *q, bool (*match)(const struct rq_i
 			 const void *arg);
 /* Does the queue hold a Sync or Query of the client's (not a hidden one of the pooler's)? */
 bool rq_client_owes_ready(const struct replyq *q);
+/* Is the server in a failed transaction block that nothing sent to it since may end? */
+bool server_block_failed(const struct server *s);
 struct rq_item *rq_push(struct replyq *q, char type, int act);	/* NULL: out of memory */
 struct rq_item *rq_at(const struct replyq *q, uint32_t i);	/* i-th from the head, or NULL */
 void rq_pop(struct replyq *q);
