@@ -1541,7 +1541,9 @@ static bool may_hold(lk_client *c, const struct orc *x)
  * outside a transaction block run where alone it fails). Not a statement
  * that refuses blocks or a pipeline (VACUUM, CREATE DATABASE), a COMMIT, a
  * second statement of the client's: those get the values in a Query of
- * their own, or, inside a batch, not at all.
+ * their own, or, inside a batch, not at all. Nor a Query's EXECUTE: an
+ * error in the prepared statement's text has its position in that text,
+ * which the values in front of the client's do not move.
  */
 static bool want_inline(lk_event *ev, const struct or_analysis *a)
 {
@@ -1552,7 +1554,7 @@ static bool want_inline(lk_event *ev, const struct or_analysis *a)
 	/* (making a temporary table is no effect on what the values set) */
 	return a->nstmts == 1 && !a->ends_txn && !a->parse_error &&
 	       (st->effect == OR_FX_NONE || st->effect == OR_FX_TEMP_CREATE) &&
-	       ((st->kind >= OR_K_SELECT && st->kind <= last) || a->executes || (!q && st->batchable)) &&
+	       ((st->kind >= OR_K_SELECT && st->kind <= last) || (a->executes && !q) || (!q && st->batchable)) &&
 	       LK_API_HAS(api, query_vars_inline) && api->query_vars_inline(ev) == 0;
 }
 
