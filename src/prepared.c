@@ -873,7 +873,9 @@ bool ps_msg_name_unsettled(const struct client *c, const uint8_t *msg, uint32_t 
 	}
 	if (ps_name_unsettled(c, name))
 		return true;
-	if (msg[0] == 'P' && !cname_find(c, name, NULL)) {
+	if (msg[0] == 'P' && cname_find(c, name, NULL))
+		return true;	/* (42P05: ps_parse raises it as the block the batches before leave allows) */
+	if (msg[0] == 'P') {
 		/*
 		 * A Parse of a text the server has, which ps_parse answers itself
 		 * (ParseComplete), waits for the batches before it: they may leave
@@ -1025,6 +1027,19 @@ int ps_parse(struct client *c, const uint8_t *msg, uint32_t mlen)
 			return PS_DONE;
 		}
 		pkt_send(&rt->pb, bufferevent_get_output(s->bev));
+		if (server_block_failed(s)) {
+			/* the block is aborted already, and a DO would get 25P02: the
+			 * error goes from here, after the text's Parse (which PostgreSQL
+			 * refuses in the block unless it ends the block; then its 25P02
+			 * comes, and this one goes with the batch it skips) */
+			char msg[128];
+			snprintf(msg, sizeof(msg), "prepared statement \"%.60s\" already exists", name);
+			pkt_error(&rt->pb, "ERROR", "42P05", msg, NULL);
+			if (!rt->pb.failed)
+				rq_synth_reply(s, rt->pb.data, rt->pb.len, false);
+			pkt_reset(&rt->pb);
+			return PS_FAIL;
+		}
 		return ps_fail(c, "42P05", "prepared statement \"%s\" already exists", name, 0);
 	}
 	e = entry_get(msg + body_off, mlen - body_off);

@@ -1432,6 +1432,21 @@ def test_finding_23_a_statement_a_later_message_drops_stays_dropped(diff_db, fre
     check_shape(diff_db, fresh_router, mode, seq)
 
 
+# FINDING 25 (fixed: a Parse of a name in use waits for the batches before it, and in a block they left
+# failed the core answers 42P05 itself): transaction pooling: a Parse of a name the client has, of a COMMIT
+# (which PostgreSQL parses in a failed block), pipelined behind a batch that failed the transaction block:
+# PostgreSQL answers 42P05, lokadb's DO statement that raises it got 25P02.
+@pytest.mark.parametrize("mode, seq", shapes("", {
+    "parse_of_a_name_in_use_behind_a_failing_batch": ([P("s3", "SELECT 1 AS one"), S, R, Q("BEGIN"), R,
+                                                       P("", "SELECT 1/0"), B(""), E(), S,
+                                                       P("s3", "COMMIT"), B("s3"), E(), S, R,
+                                                       Q("ROLLBACK"), R, B("s3"), E(), S, R], ()),
+}))
+def test_finding_25_a_parse_of_a_name_in_use_in_a_failed_block_is_refused_as_postgresql_refuses_it(
+        diff_db, fresh_router, mode, seq):
+    check_shape(diff_db, fresh_router, mode, seq)
+
+
 # FINDING 10 (fixed: a Parse that PostgreSQL refuses or skips gives back how its name's Describes were
 # renamed, and so does a skipped Close; a Describe waits for the answer to such a Parse or Close in an earlier
 # batch): session pooling: after a Parse of a name that PostgreSQL refused (42P05) or skipped, a Describe
