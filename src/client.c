@@ -1893,6 +1893,8 @@ static bool watched_message(struct client *c, struct evbuffer *in, char type, ui
 		note_query_drops(c, in, len);
 		plugin_stmt_query_sent(c, rq_at(&c->link->rq, c->link->rq.count - 1));
 		note_query_deallocate(c, in, len);
+	} else if (type == 'B') {
+		plugin_stmt_bind_sent(c, ev, rq_at(&c->link->rq, c->link->rq.count - 1));
 	}
 	if (plugin_query_build(c, ev, &rt->pb)) {
 		struct evbuffer *out = bufferevent_get_output(c->link->bev);

@@ -595,6 +595,7 @@ uint32_t plugin_query_reparse_msgs(struct client *c, struct lk_event *ev, struct
 uint32_t plugin_stmt_resend_msgs(struct client *c, struct server *s, const char *name, struct pktbuf *pb,
 				 int *hidden_acks);
 void plugin_reparse_lost(struct client *c, const struct rq_item *it);
+void plugin_stmt_bind_sent(struct client *c, struct lk_event *ev, struct rq_item *it);
 void plugin_reparse_unsent(struct client *c, const char *name, uint32_t gen);
 bool plugin_startup_param_ok(const char *name);
 void client_hook_resumed(struct client *c, struct lk_event *ev);

@@ -1702,6 +1702,27 @@ void plugin_stmt_query_failed(struct client *c, struct rq_item *it)
 	stmt_rebind(c);
 }
 
+/*
+ * The client's Bind went (item `it`; not with the core's prepared
+ * statements, which follow it themselves: ps_deallocate): a statement whose
+ * text is `DEALLOCATE name` drops that name's text when its Execute runs,
+ * back if PostgreSQL skips the Bind.
+ */
+void plugin_stmt_bind_sent(struct client *c, struct lk_event *ev, struct rq_item *it)
+{
+	const char *sql = ev->bound_sql;
+	char *name;
+
+	if (!c->stmts || ev->qtype != 'B' || !sql || !it || it->type != 'B')
+		return;
+	while (*sql == ' ' || *sql == '\t' || *sql == '\n' || *sql == '\r')
+		sql++;
+	if (strncasecmp(sql, "deallocate", 10) != 0 || !(name = ps_sql_deallocate_name(sql)))
+		return;
+	plugin_stmt_closed(c, name, it);
+	free(name);
+}
+
 /* The client's Query went: PostgreSQL drops the unnamed statement (a DISCARD ALL in it: see below). */
 void plugin_stmt_query_sent(struct client *c, struct rq_item *it)
 {

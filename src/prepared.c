@@ -1230,7 +1230,7 @@ bool ps_deallocate_candidate(const uint8_t *msg, uint32_t have)
 }
 
 /* The name of `DEALLOCATE [PREPARE] name` when that is all of sql (malloc'd), else NULL. */
-static char *deallocate_name(const char *sql)
+char *ps_sql_deallocate_name(const char *sql)
 {
 	PgQueryProtobufParseResult pr = pg_query_parse_protobuf(sql);
 	PgQuery__ParseResult *tree = NULL;
@@ -1261,7 +1261,7 @@ char *ps_deallocate_name_of(const uint8_t *msg, uint32_t mlen)
 		return NULL;		/* with parameter types: PostgreSQL says what is wrong */
 	if (msg[0] == 'Q' && off != mlen)
 		return NULL;
-	return deallocate_name(sql);
+	return ps_sql_deallocate_name(sql);
 }
 
 char *ps_deallocate_of(struct client *c, const uint8_t *msg, uint32_t mlen)

@@ -487,7 +487,7 @@ ODD_ORGS = ("05", " 5", "2 ", "abc", None, "-2", "9999999999999999999")
 #   open: FINDING 6 (a wrong number of parameters in a block that may have failed, not known yet to
 #   lokadb, or after a search_path change, also of a name whose Parse may have been skipped),
 #   FINDING 19 (a Describe of a named statement after a search_path change).
-#   Since FINDING 1 (for a Query), 7, 9, 10, 11 and 16 are fixed (a message naming a statement whose Parse
+#   Since FINDING 1, 7, 9, 10, 11 and 16 are fixed (a message naming a statement whose Parse
 #   or Close an earlier batch may yet skip, or sent behind a DEALLOCATE ALL or DISCARD ALL, waits for
 #   that batch's answer; a refused Parse gives back its name's renames; a Query's DEALLOCATE of a name
 #   is followed), it names, describes and deallocates such statements freely.
@@ -1133,14 +1133,14 @@ def check_shape(diff_db, fresh_router, mode, seq):
     assert_same_as_postgresql(seq, diff_db, fresh_router(mode), mode)
 
 
-F1 = ("FINDING 1: session pooling: an SQL DEALLOCATE of a protocol-level statement sent as the unnamed "
-      "statement's Parse, Bind and Execute is not followed by org_routing's record of the name: a Bind of the name "
-      "for an isolated organization parses it again to the leaf text, so it runs where PostgreSQL answers 26000 "
-      "(a Query's DEALLOCATE or DEALLOCATE PREPARE of a name, DEALLOCATE ALL and DISCARD ALL are followed)")
+# FINDING 1 (fixed): a Close, DEALLOCATE (as a Query, or in session pooling as a statement's Parse, Bind and
+# Execute), DEALLOCATE ALL or DISCARD ALL of a protocol-level statement was not followed by org_routing's
+# record of the name: a Bind of the name for an isolated organization parsed it again to the leaf text, so
+# it ran where PostgreSQL answers 26000.
 DEALLOCATED = BOUND_FOR_2 + [Q("DEALLOCATE s1"), R]
 
 
-@pytest.mark.parametrize("mode, seq", shapes(F1, {
+@pytest.mark.parametrize("mode, seq", shapes("", {
     "close": (BOUND_FOR_2 + [C("S", "s1"), S, R, B("s1", ["5"]), E(), S, R], ()),
     "close_in_a_rolled_back_block": (BOUND_FOR_2 + [Q("BEGIN"), C("S", "s1"), S, Q("ROLLBACK"), R,
                                                     B("s1", ["5"]), E(), S, R], ()),
@@ -1152,7 +1152,11 @@ DEALLOCATED = BOUND_FOR_2 + [Q("DEALLOCATE s1"), R]
                                                       Q("ROLLBACK"), R], ()),
     "deallocate_prepare": (BOUND_FOR_2 + [Q("DEALLOCATE PREPARE s1"), R, B("s1", ["5"]), E(), S, R], ()),
     "deallocate_with_the_extended_protocol": (BOUND_FOR_2 + [P("", "DEALLOCATE s1"), B(""), E(), S, R,
-                                                             B("s1", ["5"]), E(), S, R], {"session"}),
+                                                             B("s1", ["5"]), E(), S, R], ()),
+    # the same skipped after an error of its batch: the name stays
+    "deallocate_with_the_extended_protocol_skipped": (BOUND_FOR_2 + [P("", "SELECT 1/0"), B(""), E(),
+                                                                     P("", "DEALLOCATE s1"), B(""), E(), S, R,
+                                                                     B("s1", ["5"]), E(), S, R], ()),
     # (SQL PREPARE is session state: session pooling only)
     "sql_prepare_of_the_name_after_deallocate_all": (BOUND_FOR_2 + [
         Q("DEALLOCATE ALL"), R,
