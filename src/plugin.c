@@ -1710,10 +1710,13 @@ void plugin_stmt_query_failed(struct client *c, struct rq_item *it)
  */
 void plugin_stmt_bind_sent(struct client *c, struct lk_event *ev, struct rq_item *it)
 {
-	const char *sql = ev->bound_sql;
+	const char *sql;
 	char *name;
 
-	if (!c->stmts || ev->qtype != 'B' || !sql || !it || it->type != 'B')
+	if (!c->stmts || ev->qtype != 'B' || !ev->stmt || !it || it->type != 'B')
+		return;
+	/* (not ev->bound_sql: a re-parse before the Bind noted another text) */
+	if (!(sql = lookup_stmt(c, ev->stmt)))
 		return;
 	while (*sql == ' ' || *sql == '\t' || *sql == '\n' || *sql == '\r')
 		sql++;
