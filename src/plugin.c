@@ -1772,6 +1772,7 @@ void plugin_note_parse_types(struct client *c, const char *name, const char *sql
 				stmt_set_types(st, types, len);
 			st->gen = gen;
 			st->resend = false;
+			stmt_rebind(c);	/* (a re-parse at the held Bind: its text went) */
 			return;
 		}
 	}
@@ -1789,6 +1790,7 @@ void plugin_note_parse_types(struct client *c, const char *name, const char *sql
 	st->gen = gen;
 	st->next = c->stmts;
 	c->stmts = st;
+	stmt_rebind(c);
 }
 
 static bool cstr(const uint8_t *b, uint32_t len, uint32_t *off, char **out)
