@@ -1313,12 +1313,6 @@ static void drop_message(struct client *c, struct evbuffer *in, uint32_t len)
 }
 
 /*
- * Refuse the message at the head of the input with an ErrorResponse. After
- * a Query (or a Sync, FunctionCall) the client gets ReadyForQuery; after an
- * extended-protocol message everything up to the next Sync is dropped and
- * the Sync is answered, as PostgreSQL does after an error.
- */
-/*
  * The pooler's own reply to the client's message (in pb; ready: a
  * ReadyForQuery goes after it): while the client's server owes it earlier
  * replies, after those (rq_synth_reply), so that a pipelining client reads
@@ -1331,9 +1325,7 @@ static void reply_in_order(struct client *c, struct pktbuf *pb, bool ready)
 	struct server *s = c->link;
 
 	if (s && !s->closing && (s->rq.count || s->fwd_remaining || s->skipping)) {
-		if (!pb->failed)
-			rq_synth_reply(s, pb->data, pb->len, ready);
-		pkt_reset(pb);
+		rq_synth_reply(s, pb, ready);
 		return;
 	}
 	if (ready)
@@ -1341,6 +1333,12 @@ static void reply_in_order(struct client *c, struct pktbuf *pb, bool ready)
 	pkt_send(pb, bufferevent_get_output(c->bev));
 }
 
+/*
+ * Refuse the message at the head of the input with an ErrorResponse. After
+ * a Query (or a Sync, FunctionCall) the client gets ReadyForQuery; after an
+ * extended-protocol message everything up to the next Sync is dropped and
+ * the Sync is answered, as PostgreSQL does after an error.
+ */
 static void fail_message(struct client *c, struct evbuffer *in, char type, uint32_t len, const char *sqlstate,
 			 const char *msg)
 {

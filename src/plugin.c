@@ -975,18 +975,20 @@ struct stmt_change {
 	uint64_t id;		/* the name's entry's, 0: none */
 };
 
+/* Is an entry of `name` in the chain an item keeps for an undo (st_before)? */
+static bool stmt_in_chain(const struct stmt_text *st, const char *name)
+{
+	for (; st; st = st->next)
+		if (strcmp(st->name, name) == 0)
+			return true;
+	return false;
+}
+
 static bool stmt_changed_by(const struct rq_item *it, const void *arg)
 {
 	const struct stmt_change *ch = arg;
 
-	if (!it->st_undo)
-		return false;
-	if (ch->id && it->st_made == ch->id)
-		return true;
-	for (const struct stmt_text *st = it->st_before; st; st = st->next)
-		if (strcmp(st->name, ch->name) == 0)
-			return true;
-	return false;
+	return it->st_undo && ((ch->id && it->st_made == ch->id) || stmt_in_chain(it->st_before, ch->name));
 }
 
 /*
@@ -1589,7 +1591,7 @@ static struct rq_item *stmt_dropped_later(struct client *c, const char *name, bo
  */
 static void stmt_reattach(struct client *c, struct rq_item *it, bool named_only)
 {
-	struct stmt_text **pp = &it->st_before, *st, *o;
+	struct stmt_text **pp = &it->st_before, *st;
 	struct rq_item *later;
 
 	while ((st = *pp)) {
@@ -1604,9 +1606,7 @@ static void stmt_reattach(struct client *c, struct rq_item *it, bool named_only)
 		}
 		if ((later = stmt_dropped_later(c, st->name, named_only))) {
 			/* a later message drops it: its own undo gives it back if needed */
-			for (o = later->st_before; o && strcmp(o->name, st->name) != 0; o = o->next)
-				;
-			if (o || later->st_made) {
+			if (stmt_in_chain(later->st_before, st->name)) {
 				stmt_free(st);	/* (it dropped a newer text of the name) */
 			} else {
 				st->next = later->st_before;
@@ -1710,13 +1710,10 @@ void plugin_stmt_query_failed(struct client *c, struct rq_item *it)
  */
 void plugin_stmt_bind_sent(struct client *c, struct lk_event *ev, struct rq_item *it)
 {
-	const char *sql;
+	const char *sql = ev->bound_sql;	/* (a re-parse before the Bind rebinds it: stmt_rebind) */
 	char *name;
 
-	if (!c->stmts || ev->qtype != 'B' || !ev->stmt || !it || it->type != 'B')
-		return;
-	/* (not ev->bound_sql: a re-parse before the Bind noted another text) */
-	if (!(sql = lookup_stmt(c, ev->stmt)))
+	if (!c->stmts || ev->qtype != 'B' || !sql || !it || it->type != 'B')
 		return;
 	while (*sql == ' ' || *sql == '\t' || *sql == '\n' || *sql == '\r')
 		sql++;

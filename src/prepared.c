@@ -549,41 +549,35 @@ void rq_flush_synth(struct server *s)
 
 	while (!s->fwd_remaining && !s->skipping && (it = rq_head(&s->rq)) && it->act == RQ_SYNTH) {
 		struct client *c = s->link;
-		uint8_t msg[6] = { (uint8_t)it->type, 0, 0, 0, 4 };	/* ParseComplete '1' / CloseComplete '3' */
+		uint8_t msg[5] = { (uint8_t)it->type, 0, 0, 0, 4 };	/* ParseComplete '1' / CloseComplete '3' */
+		uint8_t ready[6] = { 'Z', 0, 0, 0, 5, (uint8_t)s->txn_status };
 		if (c && !c->closing && c->bev) {
 			struct evbuffer *out = bufferevent_get_output(c->bev);
-			if (it->type != 'r') {
-				evbuffer_add(out, msg, 5);
-			} else {
+			if (it->type != 'r')
+				evbuffer_add(out, msg, sizeof(msg));
+			else
 				evbuffer_add(out, it->reply, it->reply_len);
-				msg[0] = 'Z';
-				msg[4] = 5;
-				msg[5] = (uint8_t)s->txn_status;
-				if (it->reply_ready)
-					evbuffer_add(out, msg, 6);
-			}
+			if (it->type == 'r' && it->reply_ready)
+				evbuffer_add(out, ready, sizeof(ready));
 		}
 		rq_pop(&s->rq);
 	}
 }
 
-bool rq_synth_reply(struct server *s, const uint8_t *bytes, size_t len, bool ready)
+void rq_synth_reply(struct server *s, struct pktbuf *pb, bool ready)
 {
-	struct rq_item *it = server_expect(s, 'r', RQ_SYNTH);
+	struct rq_item *it = pb->failed ? NULL : server_expect(s, 'r', RQ_SYNTH);
 
-	if (!it)
-		return false;
-	it->reply = len ? malloc(len) : NULL;
-	if (len && !it->reply) {
+	if (it && pb->len && !(it->reply = malloc(pb->len)))
 		server_close(s, "out of memory");
-		return false;
+	else if (it) {
+		if (pb->len)
+			memcpy(it->reply, pb->data, pb->len);
+		it->reply_len = (uint32_t)pb->len;
+		it->reply_ready = ready;
+		rq_flush_synth(s);
 	}
-	if (len)
-		memcpy(it->reply, bytes, len);
-	it->reply_len = (uint32_t)len;
-	it->reply_ready = ready;
-	rq_flush_synth(s);
-	return true;
+	pkt_reset(pb);
 }
 
 #define RQ_UNDO_SRV (RQ_UNDO_SRV_PARSE | RQ_UNDO_SRV_CLOSE | RQ_UNDO_SRV_RECLOSE)
@@ -1032,12 +1026,10 @@ int ps_parse(struct client *c, const uint8_t *msg, uint32_t mlen)
 			 * error goes from here, after the text's Parse (which PostgreSQL
 			 * refuses in the block unless it ends the block; then its 25P02
 			 * comes, and this one goes with the batch it skips) */
-			char msg[128];
-			snprintf(msg, sizeof(msg), "prepared statement \"%.60s\" already exists", name);
-			pkt_error(&rt->pb, "ERROR", "42P05", msg, NULL);
-			if (!rt->pb.failed)
-				rq_synth_reply(s, rt->pb.data, rt->pb.len, false);
-			pkt_reset(&rt->pb);
+			char text[256];
+			snprintf(text, sizeof(text), "prepared statement \"%s\" already exists", name);
+			pkt_error(&rt->pb, "ERROR", "42P05", text, NULL);
+			rq_synth_reply(s, &rt->pb, false);
 			return PS_FAIL;
 		}
 		return ps_fail(c, "42P05", "prepared statement \"%s\" already exists", name, 0);

@@ -142,13 +142,14 @@ struct rq_item *server_expect(struct server *s, char type, int act);
 /* Write the synthesized replies now at the head of the queue to the client. */
 void rq_flush_synth(struct server *s);
 /*
- * A made-up reply (len bytes; ready: then a ReadyForQuery with the server's
- * status at that point) to a client message the pooler answers itself while
- * the server owes the client earlier replies: it goes after them, and goes
- * with a batch the server skips, as the message would have. false: out of
- * memory (the server is closed).
+ * A made-up reply (pb, emptied; ready: then a ReadyForQuery with the
+ * server's status at that point) to a client message the pooler answers
+ * itself while the server owes the client earlier replies: it goes after
+ * them, and goes with a batch the server skips, as the message would have
+ * (out of memory: the server is closed).
  */
-bool rq_synth_reply(struct server *s, const uint8_t *bytes, size_t len, bool ready);
+struct pktbuf;
+void rq_synth_reply(struct server *s, struct pktbuf *pb, bool ready);
 /*
  * An ErrorResponse to an extended-protocol message (head_failed: the head
  * item's), or messages the server skipped: drop the items up to the next
