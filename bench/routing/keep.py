@@ -24,7 +24,11 @@ organization, without org_routing) or `parent` (plugins on with org_routing's
 `rewrite = off`: statements stay on the parent, custom-planned once an
 organization is isolated) or `session` (plugins on with org_routing's
 `server_org = session`: the servers' lokadb.org is the client's own, none
-here, so no SET goes in front when the organization changes); it warms it
+here, so no SET goes in front when the organization changes) or `statement`
+(plugins on with `server_org = statement`: the statement's organization on
+its server, the SET in front when it changes; `on` has org_routing's
+default, `auto`, which on this schema, where nothing reads settings, is
+`session`); it warms it
 with the measured workload and client count, measures `pgbench -M simple -c C -j 2` (`-j 1` for one
 client; `--protocol extended`: `-M extended`, each statement the unnamed
 statement with its organization a parameter; `--protocol prepared`: `-M
@@ -147,7 +151,7 @@ def perf_top(a, rec, txns):
 
 
 def one_run(a, pg, base, n, wl, mode):
-    off = mode not in ("on", "parent", "session")
+    off = mode not in ("on", "parent", "session", "statement")
     d = Path(tempfile.mkdtemp(prefix=f"lk{n}-", dir=base))
     port = bl.free_port()
     (d / "users.txt").write_text('"postgres" ""\n')
@@ -162,7 +166,7 @@ def one_run(a, pg, base, n, wl, mode):
         + ("" if off else f"\n[plugin.meta_cache]\ncloud = {conn} user=postgres\n"
            f"\n[plugin.org_routing]\norg_affinity = {a.affinity}\n"
            + ("rewrite = off\n" if mode == "parent" else "")
-           + ("server_org = session\n" if mode == "session" else "")))
+           + (f"server_org = {mode}\n" if mode in ("session", "statement") else "")))
     lk = subprocess.Popen([a.lokadb, "-q", str(d / "lokadb.ini")], start_new_session=True)
     try:
         env = bl.client_env({"PGHOST": "127.0.0.1", "PGPORT": str(port), "PGUSER": "postgres"})
@@ -215,7 +219,8 @@ def main():
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--modes", default="on",
                     help="of on, off (no plugins: PostgreSQL's own loss), set (no plugins, the SET in front), "
-                         "parent (plugins on, rewrite = off), session (plugins on, server_org = session)")
+                         "parent (plugins on, rewrite = off), session (plugins on, server_org = session), "
+                         "statement (plugins on, server_org = statement)")
     ap.add_argument("--off", action="store_true", help="the same as --modes off")
     ap.add_argument("--workloads", default="read,update,insert")
     ap.add_argument("--rounds", type=int, default=5)
@@ -236,7 +241,7 @@ def main():
                          "organization a parameter; prepared binds a named statement")
     a = ap.parse_args()
     modes = ["off"] if a.off else a.modes.split(",")
-    if not modes or len(set(modes)) != len(modes) or not set(modes) <= {"on", "off", "set", "parent", "session"}:
+    if not modes or len(set(modes)) != len(modes) or not set(modes) <= {"on", "off", "set", "parent", "session", "statement"}:
         ap.error("--modes: a list of on, off, set, parent and session")
     if a.perf and not shutil.which("perf"):
         ap.error("--perf needs perf (Debian package linux-perf)")
@@ -255,7 +260,8 @@ def main():
         names = {"on": f"plugins on (org_affinity = {a.affinity})", "off": "plugins off",
                  "set": "plugins off with the SET in front",
                  "parent": f"plugins on with rewrite = off (org_affinity = {a.affinity})",
-                 "session": f"plugins on with server_org = session (org_affinity = {a.affinity})"}
+                 "session": f"plugins on with server_org = session (org_affinity = {a.affinity})",
+                 "statement": f"plugins on with server_org = statement (org_affinity = {a.affinity})"}
         print(f"# keep: {a.orgs} organizations {where} against 1, {' and '.join(names[m] for m in modes)}, "
               f"{a.rounds} rounds of {a.seconds} s (warm-up {a.warm} s), pgbench -M {a.protocol} "
               f"-c {a.clients} -j {min(2, a.clients)}; target: {target(a.layout, a.orgs):.2f} kept")

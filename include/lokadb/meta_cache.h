@@ -124,6 +124,13 @@ struct meta_cache_api {
 	 * describes its result columns as the table's. NULL: none, or a core
 	 * without it. Valid until the next return to the loop. */
 	struct lk_tables *(*result_tables)(void);
+	/* ---- appended later: test svc->size before use ---- */
+	/* 1 when code in the cloud database may read settings (functions,
+	 * views, rules, policies, defaults, constraints or trigger conditions
+	 * that call current_setting() or read pg_settings or SHOW, or name
+	 * lokadb.org: plugins/meta_cache/README.md, "Setting readers"), and
+	 * before a catalog is loaded; 0 when none does. */
+	int (*setting_readers)(void);
 };
 
 #endif

@@ -141,7 +141,8 @@ static const void *map_get(const struct mc_map *m, const char *a, const char *b,
 
 /* ------------------------------------------------------------ building -- */
 
-int mc_ident_parse(const char *version, const char *oid, const char *guards, struct mc_ident *out)
+int mc_ident_parse(const char *version, const char *oid, const char *guards, const char *readers,
+		   struct mc_ident *out)
 {
 	char *end;
 	unsigned long long v = 0, o = 0;
@@ -150,6 +151,7 @@ int mc_ident_parse(const char *version, const char *oid, const char *guards, str
 	for (const char *p = guards; p && *p; p++)
 		h = (h ^ (uint8_t)*p) * 1099511628211ULL;
 	out->guards = h;
+	out->readers = !(readers && (strcmp(readers, "false") == 0 || strcmp(readers, "f") == 0));
 	out->installed = 1;
 	if (version != NULL && *version != '\0') {
 		errno = 0;
@@ -319,7 +321,7 @@ struct mc_cat *mc_cat_build(const struct pg_result *res, char *err, size_t errle
 		goto oom;
 	for (i = 0; i < n; i++) {
 		if (PQgetvalue(r, i, 0)[0] == 'v') {
-			if (mc_ident_parse(val(r, i, 1), val(r, i, 2), val(r, i, 3), &cat->id) != 0) {
+			if (mc_ident_parse(val(r, i, 1), val(r, i, 2), val(r, i, 3), val(r, i, 4), &cat->id) != 0) {
 				snprintf(err, errlen, "lokadb.meta version \"%s\" is not a number",
 					 val(r, i, 1) ? val(r, i, 1) : "");
 				mc_cat_free(cat);

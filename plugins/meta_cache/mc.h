@@ -115,9 +115,39 @@ struct pg_result;
 	" FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"   \
 	" WHERE n.nspname = t.schema_name AND c.relname = t.table_name) AS p) x)"
 
+/*
+ * Does code in the cloud database read settings, so that the server's
+ * lokadb.org may be read there ("t" or "f")? Any function (but those of
+ * schema lokadb and of the C and internal languages) whose text names
+ * current_setting, pg_settings, SHOW or lokadb.org; any view, rule, policy or
+ * trigger condition, and any column default or CHECK constraint of a LokaDB
+ * table or of a domain, that calls current_setting() or pg_show_all_settings()
+ * or reads pg_settings. Objects of initdb's (OID below 16384) are not looked
+ * at, nor the defaults and constraints of partitions (copies of their
+ * table's): with thousands of partitions this stays a few index scans.
+ * org_routing's server_org = auto sets each statement's organization on its
+ * server only when there is such code (catalog.sql's lokadb.setting_readers(),
+ * written out: a proxy newer than its catalog).
+ */
+#define MC_READERS_SQL                                                                           \
+	"(SELECT EXISTS (SELECT FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n"        \
+	" ON n.oid = p.pronamespace WHERE p.oid >= 16384 AND n.nspname <> 'lokadb'"              \
+	" AND p.prolang NOT IN (12, 13) AND (p.prosrc ~* '(current_setting|_settings|lokadb[.]org|\\mshow\\M)'" \
+	" OR p.prosqlbody::text ~ x.r) UNION ALL SELECT FROM pg_catalog.pg_rewrite"              \
+	" WHERE oid >= 16384 AND (ev_action::text ~ x.r OR ev_qual::text ~ x.r)"                 \
+	" UNION ALL SELECT FROM pg_catalog.pg_policy WHERE polqual::text ~ x.r"                  \
+	" OR polwithcheck::text ~ x.r UNION ALL SELECT FROM pg_catalog.pg_trigger"                \
+	" WHERE tgparentid = 0 AND tgqual::text ~ x.r UNION ALL SELECT FROM pg_catalog.pg_attrdef" \
+	" WHERE adrelid = ANY (x.t) AND adbin::text ~ x.r UNION ALL SELECT FROM"                   \
+	" pg_catalog.pg_constraint WHERE (conrelid = ANY (x.t) OR (conrelid = 0 AND oid >= 16384))" \
+	" AND conbin::text ~ x.r)::text FROM (SELECT ':funcid (2077|3294|2084) |:relid '"         \
+	" || 'pg_catalog.pg_settings'::regclass::oid || ' ' AS r, ARRAY(SELECT"                   \
+	" pg_catalog.to_regclass(pg_catalog.format('%I.%I', schema_name, table_name))::oid"      \
+	" FROM lokadb.tables) AS t) x)"
+
 #define MC_LOAD_SQL                                                                              \
 	"SELECT 'v'::text, (SELECT value FROM lokadb.meta WHERE key = 'version'),"               \
-	" 'lokadb.meta'::regclass::oid::text, " MC_GUARDS_SQL ", NULL::text, NULL::text,"        \
+	" 'lokadb.meta'::regclass::oid::text, " MC_GUARDS_SQL ", " MC_READERS_SQL ", NULL::text,"  \
 	" NULL::text, NULL::text"                                                                \
 	" UNION ALL SELECT 't', t.schema_name::text, t.table_name::text, t.org_column::text,"    \
 	" t.org_type::text, t.default_part::text, " MC_GUARD_EXPR ", NULL FROM lokadb.tables t" \
@@ -142,10 +172,10 @@ struct pg_result;
 	" WHERE c.relname IN (SELECT table_name FROM lokadb.tables)"                             \
 	" AND n.nspname !~ '^pg_(toast|temp)'"
 
-/* The freshness check: (version, oid of lokadb.meta, the guards), one row. */
+/* The freshness check: (version, oid of lokadb.meta, the guards, the readers), one row. */
 #define MC_VERIFY_SQL \
 	"SELECT (SELECT value FROM lokadb.meta WHERE key = 'version'), 'lokadb.meta'::regclass::oid::text, " \
-	MC_GUARDS_SQL
+	MC_GUARDS_SQL ", " MC_READERS_SQL
 
 /* What identifies a catalog state: compared by the freshness check. */
 struct mc_ident {
@@ -153,6 +183,7 @@ struct mc_ident {
 	uint64_t version;	/* lokadb.meta 'version' (0 if absent) */
 	uint32_t meta_oid;	/* changes when the catalog is dropped and installed again */
 	uint64_t guards;	/* a hash of MC_GUARDS_SQL's text */
+	int readers;		/* MC_READERS_SQL: 1 when code may read settings */
 };
 
 /* One key -> value slot of an open-addressing hash table. */
@@ -218,7 +249,9 @@ const struct mc_table *mc_cat_search(const struct mc_cat *cat, const char *name,
 				     const char *search_path, const char *user);
 
 /* The identity from the text of lokadb.meta's version and oid (NULL or
- * "" = 0): `installed` = 1. 0, or -1 when either is not a number. */
-int mc_ident_parse(const char *version, const char *oid, const char *guards, struct mc_ident *out);
+ * "" = 0), the guards and the readers ("f": none): `installed` = 1. 0, or
+ * -1 when version or oid is not a number. */
+int mc_ident_parse(const char *version, const char *oid, const char *guards, const char *readers,
+		   struct mc_ident *out);
 
 #endif

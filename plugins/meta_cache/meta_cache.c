@@ -560,7 +560,8 @@ static int ident_eq(const struct mc_ident *a, const struct mc_ident *b)
 {
 	if (a->installed != b->installed)
 		return 0;
-	return !a->installed || (a->version == b->version && a->meta_oid == b->meta_oid && a->guards == b->guards);
+	return !a->installed || (a->version == b->version && a->meta_oid == b->meta_oid && a->guards == b->guards &&
+				 a->readers == b->readers);
 }
 
 /* Replace the catalog with the one `op` loaded, and account for what it covers. */
@@ -640,15 +641,15 @@ static void load_done(struct mc *st, struct mc_op *op, const PGresult *r)
 static void verify_done(struct mc *st, struct mc_op *op, const PGresult *r)
 {
 	struct mc_list tmp = { NULL, NULL };
-	struct mc_ident id = { 0, 0, 0, 0 };
+	struct mc_ident id = { 0, 0, 0, 0, 0 };
 	struct mc_op *load;
 	char err[MC_ERRLEN];
 
 	list_take(&tmp, &op->waiters);
 	st->verifications++;
-	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && PQnfields(r) == 3) {
+	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && PQnfields(r) == 4) {
 		if (mc_ident_parse(PQgetisnull(r, 0, 0) ? NULL : PQgetvalue(r, 0, 0),
-				   PQgetvalue(r, 0, 1), PQgetvalue(r, 0, 2), &id) != 0) {
+				   PQgetvalue(r, 0, 1), PQgetvalue(r, 0, 2), PQgetvalue(r, 0, 3), &id) != 0) {
 			snprintf(err, sizeof(err), "lokadb.meta version \"%s\" is not a number",
 				 PQgetvalue(r, 0, 0));
 			goto fail;
@@ -1083,6 +1084,11 @@ static int svc_n_partitions(void)
 	return svc_ready() ? (int)mc_state->cat->n_parts : 0;
 }
 
+static int svc_setting_readers(void)
+{
+	return svc_ready() ? mc_state->cat->id.readers : 1;
+}
+
 /* Every isolated organization's leaf as its LokaDB table, for the core (ABI 1.13), or NULL. */
 static lk_tables *svc_result_tables(void)
 {
@@ -1206,6 +1212,7 @@ static const struct meta_cache_api mc_service = {
 	.n_partitions = svc_n_partitions,
 	.table_guard = svc_table_guard,
 	.result_tables = svc_result_tables,
+	.setting_readers = svc_setting_readers,
 };
 
 /* ========================================================== console == */
@@ -1224,15 +1231,16 @@ static int cmd_show(lk_plugin *self, lk_result *res, const char *args)
 {
 	static const char *const names[] = { "state", "version", "tables", "orgs", "partitions",
 					     "last_load", "last_verify", "last_error", "loads",
-					     "verifications", "notifications", "reloading", "waiting" };
+					     "verifications", "notifications", "reloading", "waiting",
+					     "setting_readers" };
 	static const uint32_t types[] = { LK_TYPE_TEXT, LK_TYPE_INT8, LK_TYPE_INT8, LK_TYPE_INT8,
 					  LK_TYPE_INT8, LK_TYPE_TEXT, LK_TYPE_TEXT, LK_TYPE_TEXT,
 					  LK_TYPE_INT8, LK_TYPE_INT8, LK_TYPE_INT8, LK_TYPE_BOOL,
-					  LK_TYPE_INT8 };
+					  LK_TYPE_INT8, LK_TYPE_BOOL };
 	struct mc *st = api->get_data(self);
 	const struct mc_cat *cat = st->cat;
 	char n[8][24], t1[48], t2[48];
-	const char *row[13];
+	const char *row[14];
 
 	if (*args != '\0')
 		return api->result_error(res, "42601", "SHOW META_CACHE takes no arguments");
@@ -1257,7 +1265,8 @@ static int cmd_show(lk_plugin *self, lk_result *res, const char *args)
 	row[10] = n[6];
 	row[11] = svc_reloading() ? "t" : "f";
 	row[12] = n[7];
-	api->result_columns(res, 13, names, types);
+	row[13] = cat != NULL && cat->id.installed ? (cat->id.readers ? "t" : "f") : NULL;
+	api->result_columns(res, 14, names, types);
 	api->result_row(res, row);
 	return LK_HANDLED;
 }

@@ -182,6 +182,33 @@ $$;
 
 INSERT INTO lokadb.meta VALUES ('guards', '') ON CONFLICT (key) DO NOTHING;
 
+-- Does code in this database read settings, so that the server's lokadb.org
+-- may be read there? Any function (but schema lokadb's and those in C or
+-- internal) whose text names current_setting, pg_settings, SHOW or
+-- lokadb.org; any view, rule, policy or trigger condition, and any column
+-- default or CHECK constraint of a LokaDB table or a domain, that calls
+-- current_setting() or pg_show_all_settings() or reads pg_settings. Objects
+-- of initdb's (OID below 16384) are not looked at, nor the defaults and
+-- constraints of partitions (their table's copies). org_routing's
+-- server_org = auto sets each statement's organization on its server only
+-- when this is true (the meta_cache plugin's MC_READERS_SQL, written out
+-- there for a proxy newer than its catalog).
+CREATE OR REPLACE FUNCTION lokadb.setting_readers() RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog AS $$
+	SELECT EXISTS (SELECT FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+		       WHERE p.oid >= 16384 AND n.nspname <> 'lokadb' AND p.prolang NOT IN (12, 13)
+			 AND (p.prosrc ~* '(current_setting|_settings|lokadb[.]org|\mshow\M)'
+			      OR p.prosqlbody::text ~ x.r)
+		       UNION ALL SELECT FROM pg_rewrite WHERE oid >= 16384 AND (ev_action::text ~ x.r OR ev_qual::text ~ x.r)
+		       UNION ALL SELECT FROM pg_policy WHERE polqual::text ~ x.r OR polwithcheck::text ~ x.r
+		       UNION ALL SELECT FROM pg_trigger WHERE tgparentid = 0 AND tgqual::text ~ x.r
+		       UNION ALL SELECT FROM pg_attrdef WHERE adrelid = ANY (x.t) AND adbin::text ~ x.r
+		       UNION ALL SELECT FROM pg_constraint WHERE (conrelid = ANY (x.t) OR (conrelid = 0 AND oid >= 16384))
+						  AND conbin::text ~ x.r)
+	FROM (SELECT ':funcid (2077|3294|2084) |:relid ' || 'pg_settings'::regclass::oid || ' ' AS r,
+		     ARRAY(SELECT to_regclass(format('%I.%I', schema_name, table_name))::oid FROM lokadb.tables) AS t) x
+$$;
+
 -- A grantee as GRANT and REVOKE write it (0: PUBLIC).
 CREATE OR REPLACE FUNCTION lokadb.grantee(role oid) RETURNS text
 LANGUAGE sql STABLE AS $$
@@ -390,6 +417,9 @@ BEGIN
 	INTO g
 	FROM lokadb.tables t, LATERAL (SELECT lokadb.table_guard(t.schema_name, t.table_name) AS guard) x
 	WHERE x.guard IS NOT NULL;
+	IF lokadb.setting_readers() THEN	-- org_routing's server_org = auto
+		g := g || ';setting readers';
+	END IF;
 	UPDATE lokadb.meta SET value = g WHERE key = 'guards' AND value IS DISTINCT FROM g;
 	IF FOUND THEN
 		UPDATE lokadb.meta SET value = (value::bigint + 1)::text WHERE key = 'version'
@@ -405,17 +435,26 @@ DO $$
 BEGIN
 	IF (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
 		-- one of an older INSTALL lacks the tags of privileges
-		IF EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'lokadb_guards' AND NOT 'GRANT' = ANY (evttags)) THEN
+		-- (one of an older INSTALL lacks those of functions and views)
+		IF EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'lokadb_guards'
+			   AND NOT 'CREATE FUNCTION' = ANY (evttags)) THEN
 			DROP EVENT TRIGGER lokadb_guards;
 		END IF;
 		IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'lokadb_guards') THEN
 			CREATE EVENT TRIGGER lokadb_guards ON ddl_command_end
 				WHEN TAG IN ('ALTER TABLE', 'CREATE TRIGGER', 'ALTER TRIGGER', 'DROP TRIGGER',
 					     'CREATE RULE', 'DROP RULE', 'CREATE POLICY', 'DROP POLICY',
-					     'GRANT', 'REVOKE', 'ALTER FOREIGN TABLE')
+					     'GRANT', 'REVOKE', 'ALTER FOREIGN TABLE',
+					     -- code that may read lokadb.org (setting_readers)
+					     'CREATE FUNCTION', 'ALTER FUNCTION', 'DROP FUNCTION',
+					     'CREATE PROCEDURE', 'ALTER PROCEDURE', 'DROP PROCEDURE',
+					     'CREATE VIEW', 'ALTER VIEW', 'DROP VIEW', 'ALTER POLICY',
+					     'CREATE DOMAIN', 'ALTER DOMAIN', 'DROP DOMAIN', 'CREATE SCHEMA',
+					     'DROP SCHEMA', 'CREATE EXTENSION', 'ALTER EXTENSION',
+					     'DROP EXTENSION', 'DROP OWNED', 'DROP TABLE')
 				EXECUTE FUNCTION lokadb.guards_changed();
 		END IF;
 	ELSIF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'lokadb_guards') THEN
-		RAISE NOTICE 'lokadb: not a superuser, so no event trigger: row-level security, rules or statement-level triggers added to a LokaDB table later, and privileges granted or revoked on it, reach the proxies at a new connection''s freshness check or their next catalog reload (privileges: run SELECT lokadb.copy_privileges(''table''))';
+		RAISE NOTICE 'lokadb: not a superuser, so no event trigger: row-level security, rules or statement-level triggers added to a LokaDB table later, and privileges granted or revoked on it, and functions, views or policies that read settings (org_routing''s server_org = auto), reach the proxies at a new connection''s freshness check or their next catalog reload (privileges: run SELECT lokadb.copy_privileges(''table''))';
 	END IF;
 END $$;

@@ -1357,6 +1357,25 @@ void or_analysis_free(struct or_analysis *a)
 	memset(a, 0, sizeof(*a));
 }
 
+static bool word_char(char ch)
+{
+	return isalnum((unsigned char)ch) || ch == '_' || ch == '$' || (unsigned char)ch >= 0x80;
+}
+
+bool or_names_settings(const char *sql)
+{
+	static const char *const words[] = { "current_setting", "_settings", "lokadb.org" };
+
+	for (const char *p = sql; *p; p++) {
+		for (size_t i = 0; i < sizeof(words) / sizeof(words[0]); i++)
+			if (strncasecmp(p, words[i], strlen(words[i])) == 0)
+				return true;
+		if (strncasecmp(p, "show", 4) == 0 && (p == sql || !word_char(p[-1])) && !word_char(p[4]))
+			return true;
+	}
+	return false;
+}
+
 bool or_analyze(const char *sql, const struct or_names *names, struct or_analysis *out)
 {
 	PgQueryProtobufParseResult pr;
@@ -1379,6 +1398,7 @@ bool or_analyze(const char *sql, const struct or_names *names, struct or_analysi
 	}
 	x.names = names;
 	x.a = out;
+	out->reads_settings = or_names_settings(sql);
 	out->stmts = calloc(tree->n_stmts ? tree->n_stmts : 1, sizeof(*out->stmts));
 	if (!out->stmts)
 		x.oom = true;

@@ -35,7 +35,9 @@
  *   - api->client_set_affinity(organization) while the client has no
  *     transaction open: the pool prefers a server that served it.
  *   - before the statement: query_prefix("SELECT set_config('lokadb.org',
- *     'X', false)") unless the server is known to have X already (the
+ *     'X', false)") unless the server is known to have X already; X is the
+ *     statement's organization, or with server_org = session (auto: where
+ *     nothing may read it, org_of_session) the client's own (the
  *     prefix travels in the same write as the statement: no round trip);
  *     with force_custom_plan, plan_cache_mode goes in the same statement.
  *   - COPY ... TO reading LokaDB tables without an organization: 0A000.
@@ -124,7 +126,7 @@ struct orr {
 	size_t cache_size;
 	bool route_log, rewrite;
 	int force_plan;			/* force_custom_plan: FP_OFF, FP_ON, FP_AUTO */
-	bool org_of_session;		/* server_org = session: the client's own, not the statement's */
+	int server_org;			/* server_org: SO_STATEMENT, SO_SESSION, SO_AUTO */
 	int org_affinity;		/* organizations per server connection (0: no affinity) */
 	uint64_t pause_timeout;		/* usec a statement of a paused organization waits at most */
 	char *databases;
@@ -221,6 +223,7 @@ struct decision {
 	const char *rewrite;		/* "leaf", "copy", "no", "failed" */
 	const char *prefix;		/* "sent", "known", "skipped", "-"; "core": the core decides (query_set_var) */
 	bool reparsed;			/* B: the statement is parsed again first */
+	bool of_session;		/* the server gets the session's organization (server_org) */
 	char target[256];
 };
 
@@ -254,13 +257,16 @@ static bool parse_bool(const char *v, bool *out)
 
 enum { FP_OFF, FP_ON, FP_AUTO };
 
-/* server_org: statement (false) or session (true). */
-static bool parse_server_org(const char *v, bool *session)
+enum { SO_STATEMENT, SO_SESSION, SO_AUTO };
+
+/* server_org: statement, session or auto. */
+static bool parse_server_org(const char *v, int *out)
 {
-	if (v && strcasecmp(v, "statement") == 0)
-		return !(*session = false);
-	if (v && strcasecmp(v, "session") == 0)
-		return (*session = true);
+	static const char *const words[] = { "statement", "session", "auto" };
+
+	for (int i = 0; v && i < 3; i++)
+		if (strcasecmp(v, words[i]) == 0)
+			return (*out = i), true;
 	return false;
 }
 
@@ -348,8 +354,8 @@ static int or_config_check(lk_plugin *self, lk_event *ev)
 		return api->config_error(ev, "force_custom_plan", "must be on, off or auto");
 	if (!parse_affinity(api->config_get(ev, "org_affinity"), &k))
 		return api->config_error(ev, "org_affinity", "must be a number of organizations per server 0..32 (0: off)");
-	if (!parse_server_org(api->config_get(ev, "server_org"), &b))
-		return api->config_error(ev, "server_org", "must be statement or session");
+	if (!parse_server_org(api->config_get(ev, "server_org"), &k))
+		return api->config_error(ev, "server_org", "must be statement, session or auto");
 	if (!parse_duration(api->config_get(ev, "pause_timeout"), &us))
 		return api->config_error(ev, "pause_timeout", "must be a duration from 1ms to 1 day (30s, 500ms, 2min)");
 	if (!api->service_lookup(META_CACHE_SERVICE))
@@ -371,7 +377,7 @@ static int or_config_apply(lk_plugin *self, lk_event *ev)
 	parse_size(api->config_get(ev, "parse_cache_size"), &n);
 	parse_force_plan(api->config_get(ev, "force_custom_plan"), &g->force_plan);
 	parse_affinity(api->config_get(ev, "org_affinity"), &g->org_affinity);
-	parse_server_org(api->config_get(ev, "server_org"), &g->org_of_session);
+	parse_server_org(api->config_get(ev, "server_org"), &g->server_org);
 	parse_duration(api->config_get(ev, "pause_timeout"), &g->pause_timeout);
 	free(g->databases);
 	g->databases = strdup(dbs ? dbs : "");
@@ -978,8 +984,8 @@ static void forget_var(lk_event *ev, const char *name)
 }
 
 /*
- * Make the server's lokadb.org be d->org ("" when none; with server_org =
- * session the client's session organization instead) before the message,
+ * Make the server's lokadb.org be d->org ("" when none; with d->of_session
+ * the client's session organization instead) before the message,
  * unless the client's server is known to have it; plan_cache_mode =
  * pcm_values[want] (unless PCM_NONE) goes with it while the server is not
  * known to have it. With ABI 1.5 the core decides once it has picked the server
@@ -990,8 +996,8 @@ static void ensure_org(struct orr *g, lk_event *ev, lk_client *c, struct orc *x,
 {
 	char sql[OR_PREFIX_MAX], lit[2 * OR_ORG_MAX + 4];
 	bool pcm = want != PCM_NONE && x->pcm != want;
-	/* server_org = session: what the client's session says, whatever the statement's */
-	const char *org = !g->org_of_session ? d->org : session_org(x) ? session_org(x) : "";
+	/* server_org = session (or auto, nothing reads it): what the client's session says */
+	const char *org = !d->of_session ? d->org : session_org(x) ? session_org(x) : "";
 
 	x->pcm_bit = -1;
 	x->pcm_want = (uint8_t)want;
@@ -1589,6 +1595,24 @@ static int pass_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *x
 	return LK_CONTINUE;
 }
 
+/*
+ * Does the server get the client's session organization rather than the
+ * statement's (server_org)? With `auto`, the statement's only where some code
+ * may read it: code in the cloud database that reads settings (meta_cache's
+ * setting_readers) or the statement's own text. A meta_cache without
+ * setting_readers: as `statement`.
+ */
+static bool org_of_session(const struct orr *g, const struct or_analysis *a)
+{
+	if (g->server_org != SO_AUTO)
+		return g->server_org == SO_SESSION;
+	if (a->reads_settings ||
+	    g->mc->size < offsetof(struct meta_cache_api, setting_readers) + sizeof(g->mc->setting_readers) ||
+	    !g->mc->setting_readers)
+		return false;
+	return !g->mc->setting_readers();
+}
+
 /* A message on LokaDB tables, or with session effects. */
 static int route_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *x, const struct or_analysis *a,
 			 const char *orig, const char *cur)
@@ -1598,6 +1622,7 @@ static int route_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *
 
 	x->inline_req = false;
 	decide_org(ev, x, a, &d);
+	d.of_session = org_of_session(g, a);
 	if (d.refusal) {
 		const struct or_ref *r = d.refused_ref;
 		g->n[N_REFUSED]++;
@@ -2398,9 +2423,10 @@ static int or_init(lk_plugin *self, const lk_api *a)
 	    api->config_declare(self, "force_custom_plan", "auto",
 				"set plan_cache_mode = force_custom_plan on the servers of routed clients: on, off, "
 				"or auto (while some organization has partitions of its own)") ||
-	    api->config_declare(self, "server_org", "statement",
+	    api->config_declare(self, "server_org", "auto",
 				"the server's lokadb.org before a statement on LokaDB tables: statement (its "
-				"organization) or session (the client's own SET lokadb.org)") ||
+				"organization), session (the client's own SET lokadb.org), or auto (the "
+				"statement's where code in the database or the statement reads settings)") ||
 	    api->hook(self, LK_HOOK_CONFIG_CHECK, or_config_check, 0) ||
 	    api->hook(self, LK_HOOK_CONFIG_APPLY, or_config_apply, 0) ||
 	    api->hook(self, LK_HOOK_CLIENT_STARTUP, or_client_startup, 0) ||

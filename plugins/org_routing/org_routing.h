@@ -99,6 +99,8 @@ struct or_analysis {
 	bool ends_txn;		/* a COMMIT, ROLLBACK or PREPARE TRANSACTION */
 	bool executes;		/* an EXECUTE of a prepared statement (also under EXPLAIN,
 				 * CREATE TABLE AS): PostgreSQL's plan cache picks its plan */
+	bool reads_settings;	/* its text names current_setting, pg_settings, SHOW or
+				 * lokadb.org (or_names_settings) */
 };
 
 /* ---- analyze.c ---- */
@@ -139,6 +141,9 @@ const struct mc_table *or_resolve(const struct or_names *names, const char *sche
 struct ProtobufCMessage;
 typedef bool (*or_visit_fn)(void *arg, struct ProtobufCMessage *m);
 void or_walk(struct ProtobufCMessage *m, or_visit_fn fn, void *arg);
+/* Does `sql` name current_setting, pg_settings, pg_show_all_settings, SHOW
+ * or lokadb.org, anywhere (also in a comment or a literal)? */
+bool or_names_settings(const char *sql);
 /* Is `name` the GUC lokadb.org (case-insensitive, as PostgreSQL compares)? */
 bool or_is_org_guc(const char *name);
 

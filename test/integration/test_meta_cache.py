@@ -29,7 +29,8 @@ CATALOG_SQL = (REPO / "plugins/move/catalog.sql").read_text()
 TEST_PLUGIN_DIR = Path(os.environ.get("LOKADB_TEST_PLUGIN_DIR")
                        or REPO / "build/rel/test-plugins")
 SHOW_COLUMNS = ["state", "version", "tables", "orgs", "partitions", "last_load", "last_verify",
-                "last_error", "loads", "verifications", "notifications", "reloading", "waiting"]
+                "last_error", "loads", "verifications", "notifications", "reloading", "waiting",
+                "setting_readers"]
 _db_numbers = itertools.count(1)
 
 
@@ -416,6 +417,32 @@ def test_verify_0_makes_every_new_connection_see_an_unannounced_change(
         assert show(b)["orgs"] == str(i + 1)
         conn.close()
     assert int(show(b)["notifications"]) == 0
+
+
+def test_setting_readers_reach_a_new_connection_without_the_event_trigger(bouncer_factory, plugin_dir, cloud):
+    """Code that reads settings (org_routing's server_org = auto) is part of
+    what the freshness check compares: where INSTALL could not create the
+    event trigger (not a superuser), a new connection brings it in, though
+    the catalog's version did not change; with the trigger, it comes at once."""
+    b = start(bouncer_factory, plugin_dir, cloud.conninfo(), verify="0", heartbeat="0")
+    r = wait_ready(b)
+    assert r["setting_readers"] == "f"
+    cloud.sql("CREATE FUNCTION public.f_org() RETURNS text LANGUAGE sql STABLE "
+              "AS $$SELECT current_setting('lokadb.org', true)$$")
+    wait_show(b, lambda r: r["setting_readers"] == "t", "the reader announced", 5)
+    cloud.sql("DROP FUNCTION public.f_org()")
+    r = wait_show(b, lambda r: r["setting_readers"] == "f", "the reader's drop announced", 5)
+    cloud.sql("DROP EVENT TRIGGER lokadb_guards")
+    v, loads = r["version"], int(r["loads"])
+    cloud.sql("CREATE VIEW public.v_org AS SELECT current_setting('lokadb.org', true) AS org")
+    time.sleep(0.3)
+    assert show(b)["setting_readers"] == "f"              # nothing announced it
+    b.connect("p0", "trustuser").close()                   # verify = 0: checked at this login
+    r = show(b)
+    assert (r["setting_readers"], r["version"]) == ("t", v) and int(r["loads"]) == loads + 1, r
+    cloud.sql("DROP VIEW public.v_org")
+    b.connect("p0", "trustuser").close()
+    assert show(b)["setting_readers"] == "f"
 
 
 def test_within_verify_a_new_connection_is_not_held_and_refresh_catches_up(

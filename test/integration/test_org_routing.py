@@ -177,6 +177,10 @@ def route_lines(b, since=0):
 # ------------------------------------------------------- routing rules --
 
 SETTING = "current_setting('lokadb.org', true)"
+# The tests of where the organization's SET goes, whose statements do not
+# read it themselves (with the default, server_org = auto, and no code in
+# the database that reads settings, they would run with the session's).
+STATEMENT_ORG = "server_org = statement\n"
 
 
 def test_the_organization_of_each_statement_is_set_on_the_server_before_it(router):
@@ -1486,7 +1490,7 @@ def test_a_live_session_sees_an_organization_isolated_after_it_connected(router,
 # --------------------------------------------- route_log, SHOW, settings --
 
 def test_route_log_is_off_by_default_and_writes_one_line_per_statement_when_on(router):
-    b = router(route_log="off")
+    b = router(route_log="off", extra=STATEMENT_ORG)
     assert b.show_config()["plugin.org_routing.route_log"]["default"] == "off"
     w = b.login("app", USER)
     w.query("SELECT count(*) FROM documents WHERE organization_id = 3")
@@ -1583,7 +1587,7 @@ def test_an_explain_of_a_write_inside_a_batch_gets_its_organization(router):
     batch as the write itself does: in the middle of a batch it gets its
     organization in front of it like the write (it used to get none), and it
     runs on the table as written."""
-    b = router()
+    b = router(extra=STATEMENT_ORG)
     w = b.login("app", USER)
     one = Wire.bind_msg() + Wire.execute_msg()
     setting = Wire.parse_msg(f"SELECT {SETTING}") + one
@@ -1610,7 +1614,7 @@ def test_a_declare_lock_truncate_or_create_table_as_inside_a_batch_gets_its_orga
     messages of a batch as alone: in the middle of a batch they get their
     organization in front of them (they used to get none: the server kept the
     batch's earlier one). The cursor reads its organization's rows."""
-    b = router()
+    b = router(extra=STATEMENT_ORG)
     w = b.login("app", USER)
     one = Wire.bind_msg() + Wire.execute_msg()
     setting = Wire.parse_msg(f"SELECT {SETTING}") + one
@@ -1754,7 +1758,84 @@ def test_server_org_session_gives_the_server_the_clients_own_organization(router
     b.admin("SET plugin.org_routing.server_org = 'statement'")
     assert org_of(w1, _org_query(1)) == "1"
     res = b.admin_result("SET plugin.org_routing.server_org = 'client'")
-    assert_error(res.error, "22023", "must be statement or session")
+    assert_error(res.error, "22023", "must be statement, session or auto")
+
+
+def _readers(b):
+    return b.admin_dicts("SHOW META_CACHE")[0]["setting_readers"]
+
+
+def test_server_org_auto_sets_the_statements_organization_where_code_reads_settings(router, app):
+    """server_org = auto (the default): the server's lokadb.org is the
+    statement's organization where something may read it, the client's own
+    session value elsewhere. Something: the statement's own text
+    (current_setting, pg_settings, SHOW, lokadb.org), or code in the cloud
+    database (a function, view, policy ... that reads settings), which the
+    catalog's event trigger announces to live proxies."""
+    b = router(settings={"pool_mode": "transaction", "default_pool_size": 1})
+    assert _readers(b) == "f"
+    w = b.login("app", USER)
+    plain = "SELECT count(*) FROM documents WHERE organization_id = {}"
+    st0 = stats(b)
+    for org in (1, 3, ISOLATED, 1, 3):                       # no reader: the session's "" once
+        assert w.query(plain.format(org)).rows == [[str(DOCS_PER_ORG)]], org
+    st = stats(b)
+    assert (st["prefixes"] - st0["prefixes"], st["prefixes_known"] - st0["prefixes_known"]) == (1, 4), st
+    assert org_of(w, _org_query(3)) == "3"                   # the statement reads it: its own
+    st1 = stats(b)                                           # a comment naming it is enough
+    assert w.query("/* lokadb.org */ " + plain.format(1)).rows == [[str(DOCS_PER_ORG)]]
+    assert stats(b)["prefixes"] - st1["prefixes"] == 1
+    v0 = int(b.admin_dicts("SHOW META_CACHE")[0]["version"])
+    direct_admin(app, "CREATE FUNCTION public.org_now() RETURNS text LANGUAGE plpgsql STABLE "
+                      "AS $$BEGIN RETURN current_setting('lokadb.org', true); END$$")
+    try:
+        wait_until(lambda: _readers(b) == "t", 10 * SLOW, what="the reader announced to the proxy")
+        assert int(b.admin_dicts("SHOW META_CACHE")[0]["version"]) > v0
+        for org in (1, 3, ISOLATED):                        # code reads it: every statement's own
+            assert org_of(w, f"SELECT org_now(), count(*) FROM documents WHERE organization_id = {org}") \
+                == str(org)
+        st1 = stats(b)
+        assert w.query(plain.format(1)).rows == [[str(DOCS_PER_ORG)]]
+        assert stats(b)["prefixes"] - st1["prefixes"] == 1
+        w.query("SET lokadb.org = 2")
+        assert org_of(w, "SELECT org_now(), count(*) FROM documents WHERE organization_id = 3") == "3"
+    finally:
+        direct_admin(app, "DROP FUNCTION public.org_now()")
+    wait_until(lambda: _readers(b) == "f", 10 * SLOW, what="the reader's drop announced to the proxy")
+    st2 = stats(b)
+    for org in (1, 3, 1):                                    # the session's "2", once
+        assert w.query(plain.format(org)).rows == [[str(DOCS_PER_ORG)]], org
+    st = stats(b)
+    assert st["prefixes"] - st2["prefixes"] == 1, st
+    assert org_of(w, "SHOW lokadb.org") == "2"
+    assert org_of(w, "SELECT current_setting('lokadb.org'), 1 FROM documents WHERE organization_id = 3 "
+                     "LIMIT 1") == "3"
+
+
+@pytest.mark.parametrize("ddl, undo", [
+    ("CREATE VIEW public.v_org AS SELECT current_setting('lokadb.org', true) AS org", "DROP VIEW public.v_org"),
+    ("CREATE VIEW public.v_set AS SELECT setting FROM pg_settings WHERE name = 'lokadb.org'",
+     "DROP VIEW public.v_set"),
+    ("CREATE POLICY p_org ON documents USING (organization_id::text = current_setting('lokadb.org', true))",
+     "DROP POLICY p_org ON documents"),
+    ("ALTER TABLE documents ALTER COLUMN title SET DEFAULT current_setting('lokadb.org', true)",
+     "ALTER TABLE documents ALTER COLUMN title DROP DEFAULT"),
+    ("CREATE FUNCTION public.org_sql() RETURNS text LANGUAGE sql STABLE RETURN current_setting('lokadb.org')",
+     "DROP FUNCTION public.org_sql()"),
+    ("CREATE PROCEDURE public.org_show() LANGUAGE plpgsql AS $$BEGIN EXECUTE 'SHOW lokadb.org'; END$$",
+     "DROP PROCEDURE public.org_show()"),
+])
+def test_setting_readers_of_every_kind_are_found(router, app, ddl, undo):
+    """What meta_cache counts as code that may read lokadb.org, each kind
+    announced at once by the catalog's event trigger and gone with its drop."""
+    b = router()
+    assert _readers(b) == "f"
+    direct_admin(app, ddl)
+    try:
+        wait_until(lambda: _readers(b) == "t", 10 * SLOW, what="the reader announced to the proxy")
+    finally:
+        direct_admin(app, undo)
+    wait_until(lambda: _readers(b) == "f", 10 * SLOW, what="the reader's drop announced to the proxy")
 
 
 def test_a_rolled_back_set_config_is_not_taken_as_known(router):
@@ -2091,7 +2172,7 @@ def test_an_error_of_a_statement_with_values_in_front_is_reported_as_without(rou
     """An error in the statement is the one PostgreSQL gives for the client's
     text alone (same fields, the position in the client's own text); the SETs
     were rolled back with it, and the core sends them again."""
-    b = router(settings={"pool_mode": "transaction", "default_pool_size": 1})
+    b = router(settings={"pool_mode": "transaction", "default_pool_size": 1}, extra=STATEMENT_ORG)
     w = b.login("app", USER)
     bad = [
         # a position (the cast's literal): must point into the client's text
@@ -2190,7 +2271,7 @@ def test_statements_that_refuse_a_block_get_the_values_in_a_query_of_their_own(r
     """Statements other than one SELECT/INSERT/UPDATE/DELETE (several
     statements, VACUUM, which refuses transaction blocks) keep the values in a
     hidden Query of their own before them."""
-    b = router(settings={"pool_mode": "transaction", "default_pool_size": 1})
+    b = router(settings={"pool_mode": "transaction", "default_pool_size": 1}, extra=STATEMENT_ORG)
     w = b.login("app", USER)
     w.query("SET lokadb.org = '3'")
     w.query("VACUUM documents")                 # with the session's organization, which it gets before it
