@@ -278,6 +278,37 @@ def test_catalog_installed_by_a_non_superuser_says_it_has_no_event_trigger(pg):
         pg.sql(f"DROP ROLE IF EXISTS {role}")
 
 
+def test_catalog_installed_again_gives_an_older_event_trigger_the_tags_of_setting_readers(pg):
+    """An event trigger lokadb_guards of an older INSTALL (without the tags of
+    functions, views ...) is replaced by INSTALL, and then a function that
+    reads settings turns lokadb.meta's guards and version: the proxies hear of
+    it (org_routing's server_org = auto)."""
+    sql = (HERE.parent.parent / "plugins/move/catalog.sql").read_text()
+    name = f"mv_tags_{int(time.time() * 1000) % 100000}"
+    pg.sql(f"CREATE DATABASE {name}")
+    try:
+        with pg.connect(dbname=name) as c:
+            c.execute(sql)
+            c.execute("DROP EVENT TRIGGER lokadb_guards")
+            c.execute("CREATE EVENT TRIGGER lokadb_guards ON ddl_command_end WHEN TAG IN ('ALTER TABLE', "
+                      "'GRANT', 'REVOKE') EXECUTE FUNCTION lokadb.guards_changed()")
+            c.execute(sql)
+        tags = one(pg, name, "SELECT evttags FROM pg_event_trigger WHERE evtname = 'lokadb_guards'")
+        assert {"CREATE FUNCTION", "CREATE VIEW", "ALTER POLICY", "GRANT"} <= set(tags), tags
+        v0 = int(one(pg, name, "SELECT value FROM lokadb.meta WHERE key = 'version'"))
+        assert one(pg, name, "SELECT lokadb.setting_readers()") is False
+        q(pg, name, "CREATE FUNCTION public.f_plain() RETURNS int LANGUAGE sql AS 'SELECT 1'")
+        assert int(one(pg, name, "SELECT value FROM lokadb.meta WHERE key = 'version'")) == v0
+        q(pg, name, "CREATE FUNCTION public.f_org() RETURNS text LANGUAGE plpgsql AS "
+                    "$$BEGIN RETURN current_setting('lokadb.org', true); END$$")
+        assert one(pg, name, "SELECT lokadb.setting_readers()") is True
+        assert int(one(pg, name, "SELECT value FROM lokadb.meta WHERE key = 'version'")) == v0 + 1
+        q(pg, name, "DROP FUNCTION public.f_org()")
+        assert int(one(pg, name, "SELECT value FROM lokadb.meta WHERE key = 'version'")) == v0 + 2
+    finally:
+        pg.sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
 # ----------------------------------------------------------- ENABLE TABLE --
 
 QUERIES = [
