@@ -209,6 +209,8 @@ LANGUAGE sql STABLE SET search_path = pg_catalog AS $$
 		     ARRAY(SELECT to_regclass(format('%I.%I', schema_name, table_name))::oid FROM lokadb.tables) AS t) x
 $$;
 
+INSERT INTO lokadb.meta VALUES ('setting_readers', lokadb.setting_readers()::text) ON CONFLICT (key) DO NOTHING;
+
 -- A grantee as GRANT and REVOKE write it (0: PUBLIC).
 CREATE OR REPLACE FUNCTION lokadb.grantee(role oid) RETURNS text
 LANGUAGE sql STABLE AS $$
@@ -381,8 +383,10 @@ CREATE OR REPLACE FUNCTION lokadb.guards_changed() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
 DECLARE
 	g text;
+	r text;
 	v bigint;
 	tb record;
+	changed boolean := false;
 BEGIN
 	IF coalesce(current_setting('lokadb.copying_privileges', true), '') = 'on' THEN
 		RETURN;		-- the GRANTs of copy_privileges() itself
@@ -412,16 +416,20 @@ BEGIN
 			END;
 		END LOOP;
 	END IF;
-	SELECT coalesce(string_agg(format('%I.%I:%s', t.schema_name, t.table_name, x.guard), ','
-				   ORDER BY t.schema_name, t.table_name), '')
-	INTO g
-	FROM lokadb.tables t, LATERAL (SELECT lokadb.table_guard(t.schema_name, t.table_name) AS guard) x
-	WHERE x.guard IS NOT NULL;
-	IF lokadb.setting_readers() THEN	-- org_routing's server_org = auto
-		g := g || ';setting readers';
+	IF tg_tag IN ('ALTER TABLE', 'CREATE TRIGGER', 'ALTER TRIGGER', 'DROP TRIGGER', 'CREATE RULE', 'DROP RULE',
+		      'CREATE POLICY', 'DROP POLICY', 'GRANT', 'REVOKE', 'ALTER FOREIGN TABLE') THEN
+		SELECT coalesce(string_agg(format('%I.%I:%s', t.schema_name, t.table_name, x.guard), ','
+					   ORDER BY t.schema_name, t.table_name), '')
+		INTO g
+		FROM lokadb.tables t, LATERAL (SELECT lokadb.table_guard(t.schema_name, t.table_name) AS guard) x
+		WHERE x.guard IS NOT NULL;
+		UPDATE lokadb.meta SET value = g WHERE key = 'guards' AND value IS DISTINCT FROM g;
+		changed := FOUND;
 	END IF;
-	UPDATE lokadb.meta SET value = g WHERE key = 'guards' AND value IS DISTINCT FROM g;
-	IF FOUND THEN
+	-- every tag: code that may read lokadb.org (org_routing's server_org = auto)
+	r := lokadb.setting_readers()::text;
+	UPDATE lokadb.meta SET value = r WHERE key = 'setting_readers' AND value IS DISTINCT FROM r;
+	IF changed OR FOUND THEN
 		UPDATE lokadb.meta SET value = (value::bigint + 1)::text WHERE key = 'version'
 		RETURNING value::bigint INTO v;
 		PERFORM pg_notify('lokadb_meta', v::text);
