@@ -416,6 +416,8 @@ BEGIN
 			END;
 		END LOOP;
 	END IF;
+	-- the tags of table guards: the event trigger's (below) before its tags
+	-- of setting readers; keep the two lists the same
 	IF tg_tag IN ('ALTER TABLE', 'CREATE TRIGGER', 'ALTER TRIGGER', 'DROP TRIGGER', 'CREATE RULE', 'DROP RULE',
 		      'CREATE POLICY', 'DROP POLICY', 'GRANT', 'REVOKE', 'ALTER FOREIGN TABLE') THEN
 		SELECT coalesce(string_agg(format('%I.%I:%s', t.schema_name, t.table_name, x.guard), ','
@@ -452,7 +454,7 @@ BEGIN
 			CREATE EVENT TRIGGER lokadb_guards ON ddl_command_end
 				WHEN TAG IN ('ALTER TABLE', 'CREATE TRIGGER', 'ALTER TRIGGER', 'DROP TRIGGER',
 					     'CREATE RULE', 'DROP RULE', 'CREATE POLICY', 'DROP POLICY',
-					     'GRANT', 'REVOKE', 'ALTER FOREIGN TABLE',
+					     'GRANT', 'REVOKE', 'ALTER FOREIGN TABLE',	-- the list of guards_changed()
 					     -- code that may read lokadb.org (setting_readers)
 					     'CREATE FUNCTION', 'ALTER FUNCTION', 'DROP FUNCTION',
 					     'CREATE PROCEDURE', 'ALTER PROCEDURE', 'DROP PROCEDURE',
