@@ -144,6 +144,10 @@ class Options:
         if lw and not lw.isdigit():
             sys.exit(f"BENCH_ROUTING_LAYOUT_WARMUP must be an integer, not {lw!r}")
         self.layout_warmup = int(lw) if lw else None
+        lw = os.environ.get("BENCH_ROUTING_LONE_WARMUP", "").strip()
+        if lw and not lw.isdigit():
+            sys.exit(f"BENCH_ROUTING_LONE_WARMUP must be an integer, not {lw!r}")
+        self.lone_warmup = int(lw) if lw else None
         self.protocol = os.environ.get("BENCH_ROUTING_PROTOCOL", "").strip() or "simple"
         if self.protocol not in ("simple", "extended", "prepared"):
             sys.exit("BENCH_ROUTING_PROTOCOL must be simple, extended or prepared")
@@ -523,6 +527,9 @@ class RoutingBench:
     def layout_warmup(self, lay):
         return layout_warmup(self.ro, lay.n)
 
+    def lone_warmup(self, lay):
+        return lone_warmup(self.ro, lay.kind, lay.n)
+
     def snapshot(self):
         snap = {}
         for t in self.targets:
@@ -575,7 +582,17 @@ class RoutingBench:
             bl.log(f"   layout warm-up: all four workloads, 32 clients, {w} s per target")
             for t in bl.rotate(self.targets, idx):
                 self.run_one(t, lay, WORKLOADS, 32, w, None, "layout warm-up")
-        for workload, clients in self.ro.rows:
+        # The one-client rows first, after a one-client warm-up: a client
+        # alone in its pool keeps the backend it used last, and a 32-client
+        # row in between would hand it another one, which has met only the
+        # organizations its share of 32 clients chose.
+        lone = [r for r in self.ro.rows if r[1] == 1]
+        w = self.lone_warmup(lay) if lone else 0
+        if w > 0:
+            bl.log(f"   one-client warm-up: all four workloads, 1 client, {w} s per target")
+            for t in bl.rotate(self.targets, idx):
+                self.run_one(t, lay, WORKLOADS, 1, w, None, "one-client warm-up")
+        for workload, clients in lone + [r for r in self.ro.rows if r[1] != 1]:
             check_memory()
             self.sql("CHECKPOINT")
             cells = {t: self.R.Cell() for t in self.targets}
@@ -705,6 +722,19 @@ def layout_warmup(ro, n):
     if ro.quick:
         return 1 + math.ceil(n / 1000)
     return 3 + math.ceil(n / 500)
+
+
+def lone_warmup(ro, kind, n):
+    """Seconds of the one-client warm-up per target before an isolated
+    layout's one-client rows: long enough for the lone backend to meet every
+    organization's leaves (a random choice reaches all of 10,000 in about
+    98,000 statements; 154 s at 10,000, doc/benchmarks.md), none for DEFAULT
+    (one partition) and --quick."""
+    if ro.lone_warmup is not None:
+        return ro.lone_warmup if kind == "isolated" else 0
+    if ro.quick or kind != "isolated":
+        return 0
+    return math.ceil(n / 65)
 
 
 # --------------------------------------------------------------------------
@@ -851,7 +881,13 @@ def header(bench, meta):
              + (f"BENCH_ROUTING_LAYOUT_WARMUP={ro.layout_warmup} s" if ro.layout_warmup is not None
                 else ("1 s + 1 s per 1,000 organizations" if ro.quick
                       else "3 s + 1 s per 500 organizations"))
-             + ")" + ("; **--quick smoke run**" if ro.quick else ""))
+             + "); then, on isolated layouts, a warm-up of all four workloads with 1 client per "
+               "target ("
+             + (f"BENCH_ROUTING_LONE_WARMUP={ro.lone_warmup} s" if ro.lone_warmup is not None
+                else ("none" if ro.quick else "1 s per 65 organizations"))
+             + ") and the one-client rows, so that each lone client's backend has met the "
+               "organizations; then the 32-client rows"
+             + ("; **--quick smoke run**" if ro.quick else ""))
     L.append(f"- Data: {ro.docs:,} documents and as many versions in total, spread evenly over "
              f"the organizations of a layout (organizations interleaved, in creation order); "
              f"{PROJECTS:,} projects (at least one per organization); documents ~{3 * 32} bytes "
@@ -1102,6 +1138,9 @@ def estimate(o):
     secs = runs * (ro.seconds + (ro.warmup + 0.5 if ro.warmup else 0) + 0.5)
     for n in ro.iso + ro.default:
         secs += ntargets * (layout_warmup(ro, n) + 1)
+    if any(c == 1 for _, c in ro.rows):
+        for n in ro.iso:
+            secs += ntargets * (lone_warmup(ro, "isolated", n) + 1)
     return int(secs)
 
 

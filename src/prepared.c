@@ -1221,6 +1221,47 @@ bool ps_deallocate_candidate(const uint8_t *msg, uint32_t have)
 	return have - off >= 10 && strncasecmp((const char *)msg + off, "deallocate", 10) == 0;
 }
 
+/* The lower-case ASCII word w at p, in any case (p may end first: its NUL differs). */
+static bool word_at(const char *p, const char *w)
+{
+	for (; *w; p++, w++)
+		if ((*p | 0x20) != *w)
+			return false;
+	return true;
+}
+
+/*
+ * Whether sql names DISCARD or DEALLOCATE anywhere, in any case: the words
+ * that may drop every prepared statement. Every Query of a client with the
+ * core's prepared statements is looked at, so the text goes eight bytes at
+ * a time, and only at a 'd' or 'D' is a word compared (by hand): strcasestr
+ * cost a short statement more than the rest of forwarding it, and one
+ * strpbrk call per 'd' still a tenth of that.
+ */
+bool ps_sql_names_drop_all(const char *sql)
+{
+	const size_t n = strlen(sql);
+	size_t i = 0;
+
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+	for (; n - i >= 8; i += 8) {
+		uint64_t v, y, z;
+		memcpy(&v, sql + i, 8);
+		y = (v | 0x2020202020202020ull) ^ 0x6464646464646464ull;	/* 0 where 'd' or 'D' */
+		z = (y - 0x0101010101010101ull) & ~y & 0x8080808080808080ull;	/* (and maybe above one) */
+		for (; z; z &= z - 1) {
+			const char *p = sql + i + (__builtin_ctzll(z) >> 3);
+			if ((*p | 0x20) == 'd' && (word_at(p + 1, "iscard") || word_at(p + 1, "eallocate")))
+				return true;
+		}
+	}
+#endif
+	for (; i < n; i++)
+		if ((sql[i] | 0x20) == 'd' && (word_at(sql + i + 1, "iscard") || word_at(sql + i + 1, "eallocate")))
+			return true;
+	return false;
+}
+
 /* The name of `DEALLOCATE [PREPARE] name` when that is all of sql (malloc'd), else NULL. */
 char *ps_sql_deallocate_name(const char *sql)
 {

@@ -479,8 +479,36 @@ end:
 	return ok;
 }
 
+/* A Query that may drop every prepared statement: either word anywhere, in any case. */
+static bool test_names_drop_all(void)
+{
+	bool ok = true;
+
+	CHECK(ps_sql_names_drop_all("DISCARD ALL"));
+	CHECK(ps_sql_names_drop_all("select 1; deallocate all"));
+	CHECK(ps_sql_names_drop_all("SELECT 1; DeAlLoCaTe prepare x"));
+	CHECK(ps_sql_names_drop_all("/* d */ dIsCaRd plans"));
+	CHECK(ps_sql_names_drop_all("SELECT 'discard'"));	/* conservative: a literal counts */
+	CHECK(!ps_sql_names_drop_all(""));
+	CHECK(!ps_sql_names_drop_all("SELECT d.id FROM documents d WHERE d.deleted_at IS NULL"));
+	CHECK(!ps_sql_names_drop_all("SELECT 'discar' || 'dealloc'"));
+	CHECK(!ps_sql_names_drop_all("d"));
+	/* every place in the eight-byte steps and the tail, either case */
+	for (int at = 0; at < 20; at++) {
+		char buf[64];
+		snprintf(buf, sizeof(buf), "%.*s%s", at, "xxxxxxxxdxxxxxxxDxxxxxxx", at % 2 ? "DISCARD" : "deallocate");
+		CHECK(ps_sql_names_drop_all(buf));
+		snprintf(buf, sizeof(buf), "%.*s%s", at, "xxxxxxxxdxxxxxxxDxxxxxxx", at % 2 ? "DISCAR" : "deallocat");
+		CHECK(!ps_sql_names_drop_all(buf));
+	}
+	CHECK(!ps_sql_names_drop_all("\x01\x01\x01" "d\x01\x01\x01\x01\xe4\xc4" "discar"));	/* bytes the step's test may take for a 'd' */
+end:
+	return ok;
+}
+
 static const struct unit_case cases[] = {
 	{ "reply queue wraps, grows and removes", test_queue_wraps_and_grows },
+	{ "a query naming discard or deallocate anywhere", test_names_drop_all },
 	{ "second client's parse is answered by the pooler", test_second_client_parse_is_answered_by_the_pooler },
 	{ "lru evicts the oldest and re-prepares on bind", test_lru_evicts_oldest_and_reprepares_on_bind },
 	{ "messages the server skipped are undone", test_skipped_messages_are_undone },
