@@ -1234,9 +1234,9 @@ static bool word_at(const char *p, const char *w)
  * Whether sql names DISCARD or DEALLOCATE anywhere, in any case: the words
  * that may drop every prepared statement. Every Query of a client with the
  * core's prepared statements is looked at, so the text goes eight bytes at
- * a time, and only at a 'd' or 'D' is a word compared (by hand): strcasestr
- * cost a short statement more than the rest of forwarding it, and one
- * strpbrk call per 'd' still a tenth of that.
+ * a time, and only at a 'd' or 'D' is a word compared (by hand): two
+ * strcasestr calls took a quarter of lokadb's instructions for a short
+ * statement (doc/benchmarks.md, "The core's look for DISCARD and DEALLOCATE").
  */
 bool ps_sql_names_drop_all(const char *sql)
 {
