@@ -1726,7 +1726,7 @@ static void note_query_drops(struct client *c, struct evbuffer *in, uint32_t len
 		return;
 	sql = (const char *)evbuffer_pullup(in, (ssize_t)len + 1) + 5;
 	if (sql[len - 5] == 0)
-		it->drops_all = ps_sql_names_drop_all(sql);
+		it->drops_all = ps_sql_names_drop_all(sql, len - 5);
 }
 
 /*

@@ -89,4 +89,22 @@ static inline void pkt_set_u16(uint8_t *p, uint16_t v)
 	p[1] = (uint8_t)v;
 }
 
+/*
+ * Eight bytes at a time (a word loaded with memcpy): the bytes of v that are
+ * 0, each flagged by its high bit. The lowest flag is exact; a flag above it
+ * may be a borrow's, to be checked byte by byte.
+ */
+static inline uint64_t pkt_zero_bytes(uint64_t v)
+{
+	return (v - 0x0101010101010101ull) & ~v & 0x8080808080808080ull;
+}
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define PKT_WORD_SCAN 1		/* the word's first byte is its lowest: pkt_flag_byte() below holds */
+/* The offset in the word of pkt_zero_bytes' lowest flag (z != 0). */
+static inline unsigned pkt_flag_byte(uint64_t z)
+{
+	return (unsigned)__builtin_ctzll(z) >> 3;
+}
+#endif
+
 #endif

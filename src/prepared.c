@@ -1238,19 +1238,18 @@ static bool word_at(const char *p, const char *w)
  * strcasestr calls took a quarter of lokadb's instructions for a short
  * statement (doc/benchmarks.md, "The core's look for DISCARD and DEALLOCATE").
  */
-bool ps_sql_names_drop_all(const char *sql)
+bool ps_sql_names_drop_all(const char *sql, size_t n)
 {
-	const size_t n = strlen(sql);
 	size_t i = 0;
 
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#ifdef PKT_WORD_SCAN
 	for (; n - i >= 8; i += 8) {
-		uint64_t v, y, z;
+		uint64_t v, z;
 		memcpy(&v, sql + i, 8);
-		y = (v | 0x2020202020202020ull) ^ 0x6464646464646464ull;	/* 0 where 'd' or 'D' */
-		z = (y - 0x0101010101010101ull) & ~y & 0x8080808080808080ull;	/* (and maybe above one) */
+		/* 0 where 'd' or 'D' (and a flag maybe above one) */
+		z = pkt_zero_bytes((v | 0x2020202020202020ull) ^ 0x6464646464646464ull);
 		for (; z; z &= z - 1) {
-			const char *p = sql + i + (__builtin_ctzll(z) >> 3);
+			const char *p = sql + i + pkt_flag_byte(z);
 			if ((*p | 0x20) == 'd' && (word_at(p + 1, "iscard") || word_at(p + 1, "eallocate")))
 				return true;
 		}

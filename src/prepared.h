@@ -211,7 +211,7 @@ int ps_bind(struct client *c, const uint8_t *msg, uint32_t have, uint32_t mlen, 
  */
 bool ps_deallocate_candidate(const uint8_t *msg, uint32_t have);
 char *ps_sql_deallocate_name(const char *sql);	/* `DEALLOCATE [PREPARE] name` as all of sql: name (malloc'd) */
-bool ps_sql_names_drop_all(const char *sql);	/* sql names DISCARD or DEALLOCATE anywhere (any case) */
+bool ps_sql_names_drop_all(const char *sql, size_t n);	/* sql[0, n) (sql[n] NUL) names DISCARD or DEALLOCATE anywhere (any case) */
 char *ps_deallocate_of(struct client *c, const uint8_t *msg, uint32_t mlen);
 struct rq_item *ps_deallocate(struct client *c, char type, char *name);	/* the item of its undo, or NULL */
 char *ps_deallocate_name_of(const uint8_t *msg, uint32_t mlen);	/* ps_deallocate_of for any name */

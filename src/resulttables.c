@@ -120,19 +120,14 @@ void rt_tables_release(struct lk_tables *t)
 /* The offset of the NUL ending the string at body[off], or len: eight bytes at a time (names are short). */
 static uint32_t name_end(const uint8_t *body, uint32_t off, uint32_t len)
 {
-	while (len - off >= 8) {
+#ifdef PKT_WORD_SCAN
+	for (; len - off >= 8; off += 8) {
 		uint64_t v, z;
 		memcpy(&v, body + off, 8);
-		z = (v - 0x0101010101010101ull) & ~v & 0x8080808080808080ull;
-		if (z) {
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-			return off + (uint32_t)(__builtin_ctzll(z) >> 3);
-#else
-			break;
-#endif
-		}
-		off += 8;
+		if ((z = pkt_zero_bytes(v)))
+			return off + pkt_flag_byte(z);
 	}
+#endif
 	while (off < len && body[off])
 		off++;
 	return off;

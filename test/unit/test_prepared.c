@@ -479,29 +479,37 @@ end:
 	return ok;
 }
 
+static bool names_drop_all(const char *sql)
+{
+	return ps_sql_names_drop_all(sql, strlen(sql));
+}
+
 /* A Query that may drop every prepared statement: either word anywhere, in any case. */
 static bool test_names_drop_all(void)
 {
 	bool ok = true;
 
-	CHECK(ps_sql_names_drop_all("DISCARD ALL"));
-	CHECK(ps_sql_names_drop_all("select 1; deallocate all"));
-	CHECK(ps_sql_names_drop_all("SELECT 1; DeAlLoCaTe prepare x"));
-	CHECK(ps_sql_names_drop_all("/* d */ dIsCaRd plans"));
-	CHECK(ps_sql_names_drop_all("SELECT 'discard'"));	/* conservative: a literal counts */
-	CHECK(!ps_sql_names_drop_all(""));
-	CHECK(!ps_sql_names_drop_all("SELECT d.id FROM documents d WHERE d.deleted_at IS NULL"));
-	CHECK(!ps_sql_names_drop_all("SELECT 'discar' || 'dealloc'"));
-	CHECK(!ps_sql_names_drop_all("d"));
+	CHECK(names_drop_all("DISCARD ALL"));
+	CHECK(names_drop_all("select 1; deallocate all"));
+	CHECK(names_drop_all("SELECT 1; DeAlLoCaTe prepare x"));
+	CHECK(names_drop_all("/* d */ dIsCaRd plans"));
+	CHECK(names_drop_all("SELECT 'discard'"));	/* conservative: a literal counts */
+	CHECK(!names_drop_all(""));
+	CHECK(!names_drop_all("SELECT d.id FROM documents d WHERE d.deleted_at IS NULL"));
+	CHECK(!names_drop_all("SELECT 'discar' || 'dealloc'"));
+	CHECK(!names_drop_all("d"));
 	/* every place in the eight-byte steps and the tail, either case */
 	for (int at = 0; at < 20; at++) {
 		char buf[64];
 		snprintf(buf, sizeof(buf), "%.*s%s", at, "xxxxxxxxdxxxxxxxDxxxxxxx", at % 2 ? "DISCARD" : "deallocate");
-		CHECK(ps_sql_names_drop_all(buf));
+		CHECK(names_drop_all(buf));
 		snprintf(buf, sizeof(buf), "%.*s%s", at, "xxxxxxxxdxxxxxxxDxxxxxxx", at % 2 ? "DISCAR" : "deallocat");
-		CHECK(!ps_sql_names_drop_all(buf));
+		CHECK(!names_drop_all(buf));
 	}
-	CHECK(!ps_sql_names_drop_all("\x01\x01\x01" "d\x01\x01\x01\x01\xe4\xc4" "discar"));	/* bytes the step's test may take for a 'd' */
+	CHECK(!names_drop_all("\x01\x01\x01" "d\x01\x01\x01\x01\xe4\xc4" "discar"));	/* bytes the step's test may take for a 'd' */
+	/* the message's length, not its first NUL (PostgreSQL refuses the message anyway) */
+	CHECK(ps_sql_names_drop_all("select 1\0discard", 16));
+	CHECK(!ps_sql_names_drop_all("select 1\0discard", 8));
 end:
 	return ok;
 }
