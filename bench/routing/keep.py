@@ -9,7 +9,8 @@ off, plugins on) whose backends stay open: on a machine whose speed drifts,
 the ratio of two layouts then carries the drift. Here one PostgreSQL 15
 cluster (the routing suite's settings) holds two databases built as
 bench/routing/instructions.py builds them (plugins/move/catalog.sql,
-bench/routing/schema.sql, the same total rows): with `--layout isolated`
+bench/routing/schema.sql, the same total rows; `--vacuum`: then VACUUM
+(ANALYZE) as the routing suite does): with `--layout isolated`
 (target 3) every organization has its own partitions, databases `pf1` with
 1 organization and `pfN` with N; with `--layout default` (target 2) every
 organization stays in DEFAULT, databases `pd1` and `pdN`.
@@ -43,8 +44,8 @@ gives every run with the CPU of lokadb and of PostgreSQL per transaction
 it, and per mode the median tps of each layout, their ratio, and the
 ratio of each round's pair (N after 1, a few seconds apart) with its
 median: the figure least moved by a machine whose speed drifts. With
-`off` and another mode it also gives, round by round, that mode's round
-ratio over off's.
+`off` and another mode it also gives, round by round, that mode's kept
+ratio (N after 1) over off's: a ratio of ratios, not of throughput.
 
 usage: keep.py [--orgs 1000] [--layout isolated|default] [--clients 32]
                [--workloads read,update,insert] [--modes on,off,set,parent,session]
@@ -86,8 +87,8 @@ def dbname(layout, n):
     return f"{'pd' if layout == 'default' else 'pf'}{n}"
 
 
-def build(pg, layout, n):
-    a = argparse.Namespace(pg_host=pg.host, pg_port=pg.port, orgs=n, docs=DOCS, layout=layout)
+def build(pg, layout, n, vacuum=False):
+    a = argparse.Namespace(pg_host=pg.host, pg_port=pg.port, orgs=n, docs=DOCS, layout=layout, vacuum=vacuum)
     instructions.build_db(a)
     pg.psql(f"ALTER DATABASE {instructions.DB} RENAME TO {dbname(layout, n)}")
 
@@ -234,6 +235,9 @@ def main():
                          "expensive functions, µs of CPU per transaction")
     ap.add_argument("--perf-of", choices=["postgres", "lokadb"], default="postgres",
                     help="whose functions --perf records")
+    ap.add_argument("--vacuum", action="store_true",
+                    help="VACUUM (ANALYZE) the databases after their rows, as bench/routing_cost.py "
+                         "does (default: ANALYZE only, as instructions.py)")
     ap.add_argument("--lokadb", default=str(REPO / "lokadb"))
     ap.add_argument("--plugin-dir", default=str(REPO / "plugins"))
     ap.add_argument("--protocol", choices=["simple", "extended", "prepared"], default="simple",
@@ -256,7 +260,7 @@ def main():
         where = "in DEFAULT" if a.layout == "default" else "isolated"
         for n in (1, a.orgs):
             bl.log(f"keep: building {dbname(a.layout, n)} ({n} organization(s) {where}, {DOCS} documents)")
-            build(pg, a.layout, n)
+            build(pg, a.layout, n, a.vacuum)
         names = {"on": f"plugins on (org_affinity = {a.affinity})", "off": "plugins off",
                  "set": "plugins off with the SET in front",
                  "parent": f"plugins on with rewrite = off (org_affinity = {a.affinity})",
@@ -264,7 +268,8 @@ def main():
                  "statement": f"plugins on with server_org = statement (org_affinity = {a.affinity})"}
         print(f"# keep: {a.orgs} organizations {where} against 1, {' and '.join(names[m] for m in modes)}, "
               f"{a.rounds} rounds of {a.seconds} s (warm-up {a.warm} s), pgbench -M {a.protocol} "
-              f"-c {a.clients} -j {min(2, a.clients)}; target: {target(a.layout, a.orgs):.2f} kept")
+              f"-c {a.clients} -j {min(2, a.clients)}; target: {target(a.layout, a.orgs):.2f} kept"
+              + ("; the databases VACUUMed (ANALYZE) after their rows" if a.vacuum else ""))
         for wl in a.workloads.split(","):
             tps = {(m, n): [] for m in modes for n in (1, a.orgs)}
             for r in range(a.rounds):
@@ -291,7 +296,7 @@ def main():
                       f"{statistics.median(pairs[m]):.2f}", flush=True)
             for m in [m for m in modes if m != "off"] if "off" in modes else []:
                 q = [x / y for x, y in zip(pairs[m], pairs["off"])]
-                print(f"{wl:6s} {m}'s round ratio over off's: {', '.join(f'{v:.2f}' for v in q)}, median "
+                print(f"{wl:6s} {m}'s kept ratio over off's kept ratio, round by round (not throughput): {', '.join(f'{v:.2f}' for v in q)}, median "
                       f"{statistics.median(q):.2f}", flush=True)
     finally:
         pg.stop()

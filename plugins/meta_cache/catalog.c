@@ -26,6 +26,7 @@
 
 #define MC_NAMEDATALEN 64	/* PostgreSQL's NAMEDATALEN: identifiers keep 63 bytes */
 #define MC_CHUNK_SIZE 16384
+#define MC_ORG_PARTS_SCAN 8	/* mc_cat_leaf compares up to this many partitions of an organization */
 
 /* ------------------------------------------------------------- strings -- */
 
@@ -197,6 +198,7 @@ void mc_cat_free(struct mc_cat *cat)
 	free(cat->tables);
 	free(cat->orgs);
 	free(cat->parts);
+	free(cat->org_parts);
 	free(cat->rels);
 	for (ch = cat->strings; ch != NULL; ch = next) {
 		next = ch->next;
@@ -271,7 +273,7 @@ static int add_row(struct mc_cat *cat, const PGresult *r, int i)
 		if (f[2] == NULL)
 			return 0;
 		p = &cat->parts[cat->n_parts++];
-		*p = (struct mc_part){ f[0], f[1], f[2], f[3], f[4] };
+		*p = (struct mc_part){ f[0], f[1], f[2], f[3], f[4], NULL };
 		map_put(&cat->by_part, p->schema, p->name, p->org_id, p);
 		break;
 	}
@@ -287,6 +289,24 @@ static int add_row(struct mc_cat *cat, const PGresult *r, int i)
 		break;
 	}
 	return 0;
+}
+
+/* Each organization's partitions in a list of their own (mc_cat_leaf), in
+ * the catalog's order (the first of a repeated key wins, as in by_part). */
+static void link_org_parts(struct mc_cat *cat)
+{
+	for (size_t k = cat->n_parts; k-- > 0;) {
+		struct mc_part *p = &cat->parts[k];
+		const struct mc_org *o = map_get(&cat->by_org, p->org_id, NULL, NULL);
+		struct mc_org_parts *op;
+
+		if (o == NULL)
+			continue;	/* (mc_cat_leaf asks for the organization first) */
+		op = &cat->org_parts[o - cat->orgs];
+		p->next_of_org = op->first;
+		op->first = p;
+		op->n++;
+	}
 }
 
 struct mc_cat *mc_cat_build(const struct pg_result *res, char *err, size_t errlen)
@@ -314,8 +334,10 @@ struct mc_cat *mc_cat_build(const struct pg_result *res, char *err, size_t errle
 	cat->tables = calloc(counts[0] + 1, sizeof(*cat->tables));
 	cat->orgs = calloc(counts[1] + 1, sizeof(*cat->orgs));
 	cat->parts = calloc(counts[2] + 1, sizeof(*cat->parts));
+	cat->org_parts = calloc(counts[1] + 1, sizeof(*cat->org_parts));
 	cat->rels = calloc(counts[4] + 1, sizeof(*cat->rels));
-	if (cat->tables == NULL || cat->orgs == NULL || cat->parts == NULL || cat->rels == NULL ||
+	if (cat->tables == NULL || cat->orgs == NULL || cat->parts == NULL || cat->org_parts == NULL ||
+	    cat->rels == NULL ||
 	    map_init(&cat->by_table, counts[0]) != 0 || map_init(&cat->by_org, counts[1]) != 0 ||
 	    map_init(&cat->by_part, counts[2]) != 0 || map_init(&cat->shadows, counts[3]) != 0)
 		goto oom;
@@ -337,6 +359,7 @@ struct mc_cat *mc_cat_build(const struct pg_result *res, char *err, size_t errle
 		mc_cat_free(cat);
 		return NULL;
 	}
+	link_org_parts(cat);
 	return cat;
 oom:
 	snprintf(err, errlen, "out of memory loading the catalog");
@@ -372,11 +395,22 @@ const char *mc_cat_leaf(const struct mc_cat *cat, const char *schema, const char
 {
 	const struct mc_part *p;
 	const struct mc_org *o = mc_cat_org(cat, org_id);
+	const struct mc_org_parts *op;
 
 	if (o == NULL || !o->isolated || schema == NULL || name == NULL)
 		return NULL;
-	p = map_get(&cat->by_part, schema, name, org_id);
-	return p != NULL ? p->leaf : NULL;
+	/* The organization's own few partitions (one per LokaDB table) are
+	 * compared by name, cheaper than hashing three strings into a table of
+	 * every organization's; the table when there are many. */
+	op = cat->org_parts != NULL ? &cat->org_parts[o - cat->orgs] : NULL;
+	if (op == NULL || op->n > MC_ORG_PARTS_SCAN) {
+		p = map_get(&cat->by_part, schema, name, org_id);
+		return p != NULL ? p->leaf : NULL;
+	}
+	for (p = op->first; p != NULL; p = p->next_of_org)
+		if (strcmp(p->name, name) == 0 && strcmp(p->schema, schema) == 0)
+			return p->leaf;
+	return NULL;
 }
 
 /* ---------------------------------------------------------- search_path -- */

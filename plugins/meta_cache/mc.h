@@ -201,6 +201,13 @@ struct mc_map {
 /* One isolated organization's partition of one LokaDB table. */
 struct mc_part {
 	const char *schema, *name, *org_id, *container, *leaf;
+	const struct mc_part *next_of_org;	/* the organization's next partition (mc_org_parts) */
+};
+
+/* An organization's partitions, one per LokaDB table (cat->org_parts[i] is cat->orgs[i]'s). */
+struct mc_org_parts {
+	const struct mc_part *first;	/* a list through next_of_org */
+	size_t n;
 };
 
 /* A leaf partition of a LokaDB table (row `r`): what RowDescription names. */
@@ -220,6 +227,7 @@ struct mc_cat {
 	struct mc_table *tables;
 	struct mc_org *orgs;
 	struct mc_part *parts;
+	struct mc_org_parts *org_parts;	/* per organization (n_orgs), or NULL when there are none */
 	struct mc_rel *rels;
 	struct mc_map by_table;		/* (schema, name) -> struct mc_table */
 	struct mc_map by_org;		/* (id) -> struct mc_org */

@@ -310,7 +310,12 @@ def test_service_lookups_by_name_search_path_org_and_leaf(bouncer_factory, plugi
     add_org(cloud, 1)
     add_org(cloud, 2, isolated=True)
     cloud.sql("INSERT INTO lokadb.partitions VALUES ('public', 'documents', '2', 'documents_o2',"
-              " 'documents_o2_1'), ('public', 'documents', '1', 'documents_o1', 'documents_o1_1')")
+              " 'documents_o2_1'), ('public', 'documents', '1', 'documents_o1', 'documents_o1_1'),"
+              " ('app', 'events', '2', 'events_o2', 'events_o2_app')")
+    add_org(cloud, 4, isolated=True)
+    for k in range(12):
+        add_table(cloud, "public", f"t{k}")
+        cloud.sql(f"INSERT INTO lokadb.partitions VALUES ('public', 't{k}', '4', 't{k}_o4', 't{k}_o4_1')")
     b = start(bouncer_factory, plugin_dir, cloud.conninfo())
     wait_ready(b)
 
@@ -350,6 +355,14 @@ def test_service_lookups_by_name_search_path_org_and_leaf(bouncer_factory, plugi
     # organization 1 has a partitions row but is not isolated (yet): no leaf
     assert t_mc(b, "LEAF public.documents 1") == [{"leaf": None}]
     assert t_mc(b, "LEAF public.versions 2") == [{"leaf": None}]
+    # an organization's partitions are found by schema and name (its own
+    # few compared, the catalog-wide table past a handful: both ways)
+    assert t_mc(b, "LEAF app.events 2") == [{"leaf": "events_o2_app"}]
+    assert t_mc(b, "LEAF Mixed.events 2") == [{"leaf": None}]
+    for k in range(12):
+        assert t_mc(b, f"LEAF public.t{k} 4") == [{"leaf": f"t{k}_o4_1"}]
+        assert t_mc(b, f"LEAF public.t{k} 2") == [{"leaf": None}]
+    assert t_mc(b, "LEAF app.events 4") == [{"leaf": None}]
 
     # DDL does not notify nor bump the version: a reload finds the new shadow,
     # and on_change fires although version() is the same
