@@ -103,6 +103,10 @@ PG_SETTINGS = {
     "log_min_messages": "warning",
 }
 
+# What VACUUM (ANALYZE) takes after a layout's reload, one statement each
+# (bench/routing/instructions.py and keep.py --vacuum too).
+VACUUM_TABLES = ("organizations, projects", "documents", "versions")
+
 # The counters of SHOW ORG_ROUTING reported per layout (deltas).
 COUNTERS = ["statements_routed", "statements_passed", "rewritten", "rewrite_failed", "prefixes",
             "prefixes_known", "prefixes_skipped", "statements_normalized", "parse_cache_hits",
@@ -504,7 +508,7 @@ class RoutingBench:
         self.sql(CATALOG_ROWS_SQL.format(
             n=lay.n, iso="true" if iso else "false",
             partitions=PARTITION_ROWS_SQL.format(n=lay.n) if iso else ""))
-        for t in ("organizations, projects", "documents", "versions"):
+        for t in VACUUM_TABLES:
             self.sql(f"VACUUM (ANALYZE) {t}")
         self.sql("CHECKPOINT")
         t3 = time.monotonic()

@@ -55,7 +55,7 @@ def build_db(a):
     psql(a, rc.CATALOG_ROWS_SQL.format(n=a.orgs, iso="true" if iso else "false",
                                        partitions=rc.PARTITION_ROWS_SQL.format(n=a.orgs) if iso else ""))
     if getattr(a, "vacuum", False):     # keep.py --vacuum: as bench/routing_cost.py builds its layouts
-        for t in ("organizations", "projects", "documents", "versions"):
+        for t in rc.VACUUM_TABLES:
             psql(a, f"VACUUM (ANALYZE) {t}")
         psql(a, "CHECKPOINT")
     else:
