@@ -1332,6 +1332,13 @@ static void analyze_stmt(struct an *x, const PgQuery__RawStmt *raw)
 		or_walk((ProtobufCMessage *)n, whole_row_visit, x);
 	if (x->three_part_colref || x->guarded || x->whole_row)
 		x->st->rewritable = false;	/* (guards: the parent's, which a leaf statement would bypass) */
+	/* An INSERT whose one LokaDB table is its target stays on the parent:
+	 * PostgreSQL routes its rows at run time (no partition in its plan,
+	 * custom or generic), where a row sent to a leaf also has the leaf's
+	 * partition constraint checked (doc/lokadb.md, "Routing rules"). */
+	x->st->parent_insert = x->st->kind == OR_K_INSERT && x->st->nrefs == 1;
+	if (x->st->parent_insert)
+		x->st->rewritable = false;
 	if (x->st->nrefs == 0)
 		x->st->kind = OR_K_OTHER;
 	effects(x, n);

@@ -94,7 +94,7 @@ enum or_counter {
 	N_PASSED, N_ROUTED, N_ORG_STATEMENT, N_ORG_SESSION, N_ORG_NONE, N_PREFIXES, N_PREFIXES_SKIPPED,
 	N_REFUSED, N_REWRITTEN, N_REWRITE_FAILED, N_PARSE_ERRORS, N_SESSION_CHANGES, N_HELD,
 	N_REPARSED, N_HELD_PAUSE, N_PAUSE_TIMEOUTS, N_PLAN_MODE, N_REPARSE_LOST, N_REPARSE_REFUSED, N_PREFILTERED,
-	N_PREFIXES_KNOWN, N_NORMALIZED, N_NORM_HITS, N_REWRITES_MADE, N_HELD_ANSWERS,
+	N_PREFIXES_KNOWN, N_NORMALIZED, N_NORM_HITS, N_REWRITES_MADE, N_HELD_ANSWERS, N_PARENT_INSERTS,
 	N_COUNT
 };
 static const char *const counter_names[N_COUNT] = {
@@ -103,7 +103,7 @@ static const char *const counter_names[N_COUNT] = {
 	"session_changes", "held_for_catalog", "reparsed", "held_for_pause", "pause_timeouts",
 	"plan_mode_sets", "reparses_lost", "reparses_refused", "statements_prefiltered",
 	"prefixes_known", "statements_normalized", "normalized_cache_hits", "rewrites_made",
-	"held_for_answers",
+	"held_for_answers", "inserts_on_parent",
 };
 
 struct orc;
@@ -893,6 +893,9 @@ static int old_core_plan_mode(const struct orr *g)
  * force_custom_plan, while force_custom() wants it. Addressed to its
  * organization's leaves with `auto`: PostgreSQL's own choice, as a leaf's
  * generic plan touches the leaf alone and saves a planning per execution.
+ * An INSERT whose one LokaDB table is its target (parent_insert) has no
+ * partition in its plan: with `auto` it asks for nothing, so that the mode
+ * does not flip between it and the reads around it.
  * A core before ABI 1.8 cannot send values before every Bind: there every
  * Query, Parse, BEGIN and PREPARE also asks for force_custom_plan
  * (old_core_plan_mode), as the Binds behind them may get nothing.
@@ -903,6 +906,8 @@ static int plan_mode_for(const struct orr *g, lk_event *ev, const struct decisio
 		return PCM_NONE;
 	if (api->query_type(ev) == 'Q' || !core_sends_anywhere())
 		return old_core_plan_mode(g);
+	if (g->force_plan == FP_AUTO && d->first && d->first->parent_insert)
+		return PCM_NONE;	/* (a Parse or Bind: one statement, whose plan has no partition) */
 	return g->force_plan == FP_AUTO && strcmp(d->rewrite, "leaf") == 0 ? PCM_AUTO : PCM_CUSTOM;
 }
 
@@ -1279,6 +1284,17 @@ static void result_tables(const struct orr *g, lk_event *ev)
 		api->query_result_tables(ev, t);
 }
 
+/* An INSERT of an isolated organization left on the parent (parent_insert): inserts_on_parent,
+ * once per Query or Bind. */
+static void count_parent_insert(struct orr *g, const struct or_analysis *a, const struct decision *d)
+{
+	const struct mc_org *o;
+
+	if (a->nstmts == 1 && d->first->parent_insert && g->rewrite && d->src == SRC_STATEMENT &&
+	    (o = g->mc->org(d->org)) && o->isolated)
+		g->n[N_PARENT_INSERTS]++;
+}
+
 /* Address a single-organization Query or Parse to its leaves. */
 static void maybe_rewrite(struct orr *g, lk_event *ev, struct orc *x, const struct or_analysis *a,
 			  struct decision *d)
@@ -1288,8 +1304,13 @@ static void maybe_rewrite(struct orr *g, lk_event *ev, struct orc *x, const stru
 	const char *res;
 	char *orig = NULL;
 
-	if (type == 'B' || a->nstmts != 1 || !d->first->rewritable)
+	if (type == 'B' || a->nstmts != 1)
 		return;
+	if (!d->first->rewritable) {
+		if (type == 'Q')	/* (a Parse's: at its Binds, bind_text) */
+			count_parent_insert(g, a, d);
+		return;
+	}
 	if (!(copy_table ? d->src != SRC_NONE : (g->rewrite && d->src == SRC_STATEMENT)))
 		return;
 	res = rewritten(g, ev, x, a, cur_norm ? cur_norm->text : api->query_sql(ev), d, g->rewrite);
@@ -1344,6 +1365,8 @@ static bool bind_text(struct orr *g, lk_event *ev, struct orc *x, const struct o
 		const char *leaf = rewritten(g, ev, x, a, orig, d, true);
 		if (leaf && ((!x->pipelines && x->batch_reparses < OR_REPARSE_LEAF_MAX) || strcmp(leaf, cur) == 0))
 			want = leaf;
+	} else if (a->nstmts == 1 && !d->first->rewritable) {
+		count_parent_insert(g, a, d);
 	}
 	if (want != orig) {
 		d->rewrite = "leaf";

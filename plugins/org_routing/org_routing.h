@@ -78,6 +78,9 @@ struct or_stmt {
 	uint8_t kind;		/* enum or_kind */
 	bool is_local;		/* SET LOCAL / set_config(..., true) */
 	bool rewritable;	/* may be addressed to leaf partitions */
+	bool parent_insert;	/* an INSERT whose one LokaDB table is its target:
+				 * PostgreSQL routes its rows at run time, it stays
+				 * on the parent in any plan mode */
 	bool batchable;		/* a utility statement that runs the same behind other
 				 * messages of a batch (DECLARE, LOCK, TRUNCATE, CREATE
 				 * TABLE AS) */

@@ -105,7 +105,7 @@ SHOW_COLUMNS = ["parse_cache_entries", "parse_cache_size", "parse_cache_hits", "
                 "session_changes", "held_for_catalog", "reparsed", "held_for_pause", "pause_timeouts",
                 "plan_mode_sets", "reparses_lost", "reparses_refused", "statements_prefiltered",
                 "prefixes_known", "statements_normalized", "normalized_cache_hits", "rewrites_made",
-                "held_for_answers"]
+                "held_for_answers", "inserts_on_parent"]
 
 
 # ------------------------------------------------------------------ setup --
@@ -328,7 +328,8 @@ def test_row_level_security_rules_or_statement_triggers_keep_statements_on_the_p
         b = router(settings={"pool_mode": "transaction", "default_pool_size": 1}, db=db)
         w = b.login("app", USER)
         read = f"SELECT count(*) FROM documents WHERE organization_id = {ISOLATED}"
-        insert = f"INSERT INTO documents (organization_id, project_id, title) VALUES ({ISOLATED}, 1, 'guarded')"
+        # (a DELETE: an INSERT whose one LokaDB table is its target stays on the parent anyway)
+        delete = f"DELETE FROM documents WHERE organization_id = {ISOLATED} AND title = 'no such title'"
 
         def admin(sql):
             with app.connect(dbname=db) as c:
@@ -358,17 +359,17 @@ def test_row_level_security_rules_or_statement_triggers_keep_statements_on_the_p
         admin("CREATE TABLE audit (n int); GRANT ALL ON audit TO PUBLIC;"
               "CREATE FUNCTION audit_stmt() RETURNS trigger LANGUAGE plpgsql AS "
               "$$BEGIN INSERT INTO audit VALUES (1); RETURN NULL; END$$;"
-              "CREATE TRIGGER audit_inserts AFTER INSERT ON documents FOR EACH STATEMENT "
+              "CREATE TRIGGER audit_deletes AFTER DELETE ON documents FOR EACH STATEMENT "
               "EXECUTE FUNCTION audit_stmt()")
-        wait_until(lambda: not on_leaf(insert)[0], 5 * SLOW, what="the proxy to keep writes on the parent")
+        wait_until(lambda: not on_leaf(delete)[0], 5 * SLOW, what="the proxy to keep writes on the parent")
         before = as_user("SELECT count(*) FROM audit")
         for _ in range(3):
-            leaf, _ = on_leaf(insert)
+            leaf, _ = on_leaf(delete)
             assert not leaf
         assert as_user("SELECT count(*) FROM audit") == before + 3
         assert on_leaf(read)[0]
-        admin("DROP TRIGGER audit_inserts ON documents")
-        wait_until(lambda: on_leaf(insert)[0], 5 * SLOW, what="writes on the leaf again")
+        admin("DROP TRIGGER audit_deletes ON documents")
+        wait_until(lambda: on_leaf(delete)[0], 5 * SLOW, what="writes on the leaf again")
         assert as_user("SELECT count(*) FROM audit") == before + 3
         w.close()
     finally:
@@ -496,11 +497,11 @@ def test_without_the_event_trigger_a_new_connection_sees_a_guard_added_later(rou
         with app.connect(dbname=db) as c:
             c.execute("DROP EVENT TRIGGER lokadb_guards")
         b = router(settings={"pool_mode": "transaction", "default_pool_size": 1}, db=db)
-        insert = f"INSERT INTO documents (organization_id, project_id, title) VALUES ({ISOLATED}, 1, 'x')"
+        delete = f"DELETE FROM documents WHERE organization_id = {ISOLATED} AND title = 'no such title'"
 
         def on_leaf(w):
             mark = len(b.log())
-            assert w.query(insert).error is None
+            assert w.query(delete).error is None
             return any("rewrite=leaf" in l for l in route_lines(b, mark))
 
         w = b.login("app", USER)
@@ -508,7 +509,7 @@ def test_without_the_event_trigger_a_new_connection_sees_a_guard_added_later(rou
         v0 = int(b.admin_dicts("SHOW META_CACHE")[0]["version"])
         with app.connect(dbname=db) as c:
             c.execute("CREATE FUNCTION noop() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NULL; END$$;"
-                      "CREATE TRIGGER stmt_inserts AFTER INSERT ON documents FOR EACH STATEMENT "
+                      "CREATE TRIGGER stmt_deletes AFTER DELETE ON documents FOR EACH STATEMENT "
                       "EXECUTE FUNCTION noop()")
         w2 = b.login("app", USER)           # its login checks freshness: the guards differ
         assert not on_leaf(w2) and not on_leaf(w)
@@ -863,21 +864,25 @@ def test_single_organization_statements_go_to_the_leaf_with_identical_results(ro
     res = w.query(f"UPDATE documents SET title = title || '' WHERE organization_id = 2 AND id = {some_id} "
                   "RETURNING id, title")
     assert res.rows == text_rows(app.port, APP_DB, f"SELECT id, title FROM documents WHERE id = {some_id}")
+    # an INSERT whose one LokaDB table is its target stays on the parent: PostgreSQL puts the row in the leaf
+    mark = len(b.log())
     res = w.query(f"INSERT INTO versions (organization_id, document_id, body) VALUES (2, {some_id}, 'leaf ins') "
                   "RETURNING organization_id, document_id, body")
     assert res.rows == [["2", str(some_id), "leaf ins"]]
+    ins = route_lines(b, mark)
+    assert len(ins) == 1 and "org=2 decision=statement" in ins[0] and "rewrite=no" in ins[0], ins
     assert direct(app, "SELECT tableoid::regclass::text FROM versions WHERE body = 'leaf ins'") == \
         [("versions_o2_1",)]
     res = w.query("DELETE FROM versions WHERE organization_id = 2 AND body = 'leaf ins' RETURNING body")
     assert res.rows == [["leaf ins"]]
-    assert sum("rewrite=leaf" in l for l in route_lines(b)) == 2 * len(LEAF_SELECTS) + 3
+    assert sum("rewrite=leaf" in l for l in route_lines(b)) == 2 * len(LEAF_SELECTS) + 2
     # an organization without its own partition, a statement that may move rows, ONLY: no rewrite
     w.query("SELECT count(*) FROM documents WHERE organization_id = 3")
     w.query("UPDATE documents SET organization_id = 2 WHERE organization_id = 2 AND id = 0")
     only = "SELECT count(*) FROM ONLY documents WHERE organization_id = 2"
     assert w.query(only).rows == text_rows(app.port, APP_DB, only) == [["0"]]
-    assert sum("rewrite=leaf" in l for l in route_lines(b)) == 2 * len(LEAF_SELECTS) + 3
-    assert stats(b)["rewritten"] == 2 * len(LEAF_SELECTS) + 3
+    assert sum("rewrite=leaf" in l for l in route_lines(b)) == 2 * len(LEAF_SELECTS) + 2
+    assert stats(b)["rewritten"] == 2 * len(LEAF_SELECTS) + 2
 
 
 def test_rewrite_off_keeps_statements_on_the_parent(router, app):
@@ -951,14 +956,17 @@ def test_a_parameter_organization_is_addressed_to_its_leaf_at_the_bind(router, a
                             "RETURNING id, title", [ISOLATED2, some_id], prepare=prepare).fetchone()
             assert "public.documents_o5_1 documents" in executed(app, log0)[0]
             assert row == direct(app, "SELECT id, title FROM documents WHERE id = %s", [some_id])[0]
-        # a binary parameter, INSERT rows with parameters
+        # INSERT rows with parameters (a binary one): on the parent, where PostgreSQL puts them in the leaf
         log0 = app.log_size()
         c.execute("INSERT INTO versions (organization_id, document_id, body) VALUES (%b, %s, 'bin ins')",
                   [ISOLATED2, some_id])
-        assert "INTO public.versions_o5_1 AS versions" in executed(app, log0, "versions")[0]
+        assert "INSERT INTO versions (" in executed(app, log0, "versions")[0]
         assert direct(app, "SELECT tableoid::regclass::text FROM versions WHERE body = 'bin ins'") == \
             [("versions_o5_1",)]
-        c.execute("DELETE FROM versions WHERE organization_id = %s AND body = 'bin ins'", [ISOLATED2])
+        # a binary parameter addressed to the leaf
+        log0 = app.log_size()
+        c.execute("DELETE FROM versions WHERE organization_id = %b AND body = 'bin ins'", [ISOLATED2])
+        assert "FROM public.versions_o5_1 versions" in executed(app, log0, "versions")[0]
     assert direct(app, "SELECT count(*) FROM versions WHERE body = 'bin ins'")[0][0] == 0
 
 
@@ -1968,7 +1976,10 @@ def test_repeated_inserts_follow_catalog_search_path_and_cache_changes(router, a
     w = b.login("app", USER)
     # (the words of the body name a LokaDB table on any search path: the
     # prefilter lets every one of them through to the parse cache)
-    ins = "INSERT INTO versions (organization_id, document_id, body) VALUES ({o}, {d}, 'memo {n} public.documents')"
+    # (it reads its organization's rows too, so it is addressed to the leaves: an INSERT whose one
+    # LokaDB table is its target stays on the parent)
+    ins = ("INSERT INTO versions (organization_id, document_id, body) VALUES ({o}, {d}, 'memo {n} public.documents' "
+           "|| coalesce((SELECT '' FROM versions WHERE organization_id = {o} LIMIT 0), ''))")
     doc = direct(app, f"SELECT id FROM documents WHERE organization_id = {ISOLATED2} ORDER BY id LIMIT 1")[0][0]
     n = [0]
 
@@ -2380,6 +2391,43 @@ def test_statements_on_a_leaf_keep_postgresqls_plan_choice(router, app):
         assert _parse_data_row(got[1][1]) == ["0", "7"], got
     finally:
         w.close()
+
+
+def test_an_insert_of_an_isolated_organization_stays_on_the_parent_without_a_plan_mode(router, app):
+    """An INSERT whose one LokaDB table is its target is left on the parent,
+    where PostgreSQL routes its rows to the organization's leaf at run time:
+    its rows land in the leaf, route_log says rewrite=no, inserts_on_parent
+    counts it, and with force_custom_plan = auto it asks for no plan mode (its
+    plan has no partition), so a server alternating it with leaf reads gets
+    no plan_cache_mode switch at each turn."""
+    read = "SELECT count(*) FROM documents WHERE organization_id = %s AND id > %s"
+    ins = "INSERT INTO versions (organization_id, document_id, body) VALUES (%s, %s, 'parent insert') RETURNING id"
+    n2 = direct(app, f"SELECT count(*) FROM documents WHERE organization_id = {ISOLATED}")[0][0]
+    doc = direct(app, f"SELECT min(id) FROM documents WHERE organization_id = {ISOLATED}")[0][0]
+    b = router(settings={"pool_mode": "transaction", "default_pool_size": 1})
+    st0 = stats(b)
+    try:
+        with b.connect("app", USER, prepare_threshold=0) as c:
+            mark = len(b.log())
+            for _ in range(6):
+                assert c.execute(read, [ISOLATED, 0], prepare=True).fetchone()[0] == n2
+                assert c.execute(ins, [ISOLATED, doc], prepare=True).fetchone()[0] > 0
+            assert c.execute("SHOW plan_cache_mode").fetchone()[0] == "auto"
+            lines = route_lines(b, mark)
+        st1 = stats(b)
+        binds = [l for l in lines if " B org=2 " in l and "target=public.versions" in l]
+        assert len(binds) >= 1 and all("rewrite=no" in l for l in binds), lines
+        assert any(" B org=2 " in l and "rewrite=leaf" in l for l in lines), lines
+        assert st1["inserts_on_parent"] - st0["inserts_on_parent"] == 6, (st0, st1)
+        assert st1["plan_mode_sets"] - st0["plan_mode_sets"] <= 1, (st0, st1)     # auto once, then kept
+        assert direct(app, "SELECT tableoid::regclass::text, count(*) FROM versions "
+                           "WHERE body = 'parent insert' GROUP BY 1") == [("versions_o2_1", 6)]
+        # an organization in DEFAULT: on the parent as before, not counted
+        with b.connect("app", USER) as c:
+            c.execute(ins, [1, direct(app, "SELECT min(id) FROM documents WHERE organization_id = 1")[0][0]])
+        assert stats(b)["inserts_on_parent"] == st1["inserts_on_parent"]
+    finally:
+        direct_admin(app, "DELETE FROM versions WHERE body = 'parent insert'")
 
 
 def test_force_custom_plan_auto_follows_whether_an_organization_has_partitions(router, app):
