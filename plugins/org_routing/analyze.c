@@ -105,6 +105,8 @@ struct an {
 	bool oom;
 	bool three_part_colref;		/* a ColumnRef schema.table.col: aliases would break it */
 	bool guarded;			/* a parent has what a statement on its leaf would bypass (table_guard) */
+	const void *top_insert;		/* the statement's INSERT target (a RangeVar), else NULL */
+	bool top_insert_ref;		/* ... a LokaDB table: one of the statement's refs */
 	/* the names the statement's LokaDB table occurrences are known by (alias, or relation name) */
 	const char *refnames[AN_MAX_REFNAMES];
 	int nrefnames;			/* > AN_MAX_REFNAMES: more than that (not followed) */
@@ -815,6 +817,8 @@ static void level_insert(struct an *x, PgQuery__InsertStmt *ins)
 	r = add_ref(x, t, ins->relation);
 	if (!r)
 		return;
+	if ((const void *)ins->relation == x->top_insert)
+		x->top_insert_ref = true;
 	insert_terms(x, ins, t);
 	r = &x->a->refs[x->a->nrefs - 1];
 	r->nterms = x->a->nterms - r->term0;
@@ -1322,6 +1326,8 @@ static void analyze_stmt(struct an *x, const PgQuery__RawStmt *raw)
 	x->cte_overflow = false;
 	x->three_part_colref = false;
 	x->guarded = false;
+	x->top_insert = n->node_case == PG_QUERY__NODE__NODE_INSERT_STMT ? (const void *)n->insert_stmt->relation : NULL;
+	x->top_insert_ref = false;
 	x->nrefnames = 0;
 	x->ntypeless = 0;
 	x->whole_row = false;
@@ -1336,7 +1342,7 @@ static void analyze_stmt(struct an *x, const PgQuery__RawStmt *raw)
 	 * PostgreSQL routes its rows at run time (no partition in its plan,
 	 * custom or generic), where a row sent to a leaf also has the leaf's
 	 * partition constraint checked (doc/lokadb.md, "Routing rules"). */
-	x->st->parent_insert = x->st->kind == OR_K_INSERT && x->st->nrefs == 1;
+	x->st->parent_insert = x->st->kind == OR_K_INSERT && x->st->nrefs == 1 && x->top_insert_ref;
 	if (x->st->parent_insert)
 		x->st->rewritable = false;
 	if (x->st->nrefs == 0)

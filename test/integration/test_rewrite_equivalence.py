@@ -495,6 +495,10 @@ CASES = [
          "VALUES ({o}, (SELECT max(id) FROM documents WHERE organization_id = {o}), 'eq sub') "
          "RETURNING organization_id, body, tableoid::regclass::text", True, txn=True,
          check="SELECT organization_id, document_id, tableoid::regclass::text FROM versions WHERE body = 'eq sub'"),
+    Case("insert_into_a_cloud_table_from_its_organization", "INSERT INTO projects (id, organization_id, name) "
+         "SELECT 900000 + id, organization_id, 'eq from ' || title FROM documents WHERE organization_id = {o} "
+         "AND id % 25 = 0 RETURNING id, organization_id, name", True, txn=True,
+         check="SELECT count(*), min(name) FROM projects WHERE name LIKE 'eq from %'"),
     Case("insert_values_two_organizations", "INSERT INTO documents (organization_id, project_id, title) VALUES "
          "({o}, 1, 'eq insert a'), (3, 2, 'eq insert b') RETURNING organization_id, title", False, txn=True,
          check="SELECT organization_id, title FROM documents WHERE title LIKE 'eq insert%' ORDER BY title"),
