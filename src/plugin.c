@@ -1012,6 +1012,16 @@ static int api_query_stmt_unsettled(lk_event *ev)
 	return rq_client_unsettled(&ev->c->link->rq, stmt_changed_by, &ch) ? 1 : 0;
 }
 
+static int api_query_stmt_declared(lk_event *ev)
+{
+	const struct stmt_text *st;
+
+	if (ev->hook != LK_HOOK_QUERY || ev->qtype != 'B' || !ev->c || !ev->stmt || !ev->bound_sql ||
+	    !(st = stmt_find(ev->c, ev->stmt)))
+		return -1;
+	return st->types_len >= 2 ? (int)((unsigned)st->types[0] << 8 | st->types[1]) : 0;
+}
+
 static int api_fail(lk_event *ev, const char *sqlstate, const char *fmt, ...)
 {
 	va_list ap;
@@ -3999,4 +4009,5 @@ static const struct lk_api api_table = {
 	.query_mark_txn = api_query_mark_txn,
 	.ev_marked_txn_failed = api_ev_marked_txn_failed,
 	.query_stmt_unsettled = api_query_stmt_unsettled,
+	.query_stmt_declared = api_query_stmt_declared,
 };

@@ -40,7 +40,7 @@ extern "C" {
 
 #define LK_PLUGIN_MAGIC 0x4c4b504cu	/* "LKPL" */
 #define LK_ABI_MAJOR 1
-#define LK_ABI_MINOR 16
+#define LK_ABI_MINOR 17
 #define LK_PLUGIN_SYMBOL "lokadb_plugin"
 
 /* Opaque handles. */
@@ -605,6 +605,14 @@ struct lk_api {
 	 * came; query_sql then gives the server's). 0 when not, -1 for other
 	 * events. */
 	int (*query_stmt_unsettled)(lk_event *ev);
+
+	/* ---- ABI 1.17 ---- */
+	/* QUERY (B): how many parameter types the Parse of the statement it
+	 * binds declared (0: none), -1 when query_sql() is NULL and for other
+	 * events. PostgreSQL counts the statement's parameters as the larger
+	 * of this and the highest $n of its text, and refuses a Bind with
+	 * another number of values (08P01) before anything else. */
+	int (*query_stmt_declared)(lk_event *ev);
 };
 
 #ifdef __cplusplus

@@ -903,6 +903,9 @@ static bool visit(void *arg, ProtobufCMessage *m)
 		level_dml(x, del->relation, del->using_clause, del->n_using_clause, del->where_clause);
 	} else if (d == &pg_query__into_clause__descriptor) {
 		return false;		/* SELECT INTO / CREATE TABLE AS: a new table, not a read */
+	} else if (d == &pg_query__param_ref__descriptor) {
+		if (((PgQuery__ParamRef *)m)->number > x->a->max_param)
+			x->a->max_param = ((PgQuery__ParamRef *)m)->number;
 	} else if (d == &pg_query__column_ref__descriptor) {
 		if (((PgQuery__ColumnRef *)m)->n_fields >= 3)
 			x->three_part_colref = true;
@@ -1400,6 +1403,7 @@ bool or_analyze(const char *sql, const struct or_names *names, struct or_analysi
 	pr = pg_query_parse_protobuf(sql);
 	if (pr.error) {
 		out->parse_error = true;
+		out->max_param = -1;
 		pg_query_free_protobuf_parse_result(pr);
 		return true;
 	}
@@ -1407,6 +1411,7 @@ bool or_analyze(const char *sql, const struct or_names *names, struct or_analysi
 	pg_query_free_protobuf_parse_result(pr);
 	if (!tree) {
 		out->parse_error = true;
+		out->max_param = -1;
 		return true;
 	}
 	x.names = names;

@@ -145,6 +145,7 @@ struct or_pstmt {
 	char *name;
 	char *orig;			/* the text the client sent */
 	char *cur;			/* the text the server has now */
+	int max_param;			/* the highest $n of orig (or_analysis) */
 	struct or_pstmt *next;
 };
 #define OR_PSTMT_MAX 256
@@ -1120,7 +1121,7 @@ static struct or_pstmt *pstmt_match(const struct orc *x, const char *name, const
  * `orig`. With a core that gives texts back, the name's record before
  * stays too (one), for a Parse of the name that PostgreSQL refuses.
  */
-static void pstmt_set(struct orc *x, const char *name, const char *orig, const char *cur)
+static void pstmt_set(struct orc *x, const char *name, const char *orig, const char *cur, int max_param)
 {
 	struct or_pstmt *p = calloc(1, sizeof(*p));
 
@@ -1149,6 +1150,7 @@ static void pstmt_set(struct orc *x, const char *name, const char *orig, const c
 			pstmt_free(p);
 		return;
 	}
+	p->max_param = max_param;
 	if (x->npstmts >= OR_PSTMT_MAX) {	/* bounded: drop the oldest (the tail) */
 		struct or_pstmt **pp = &x->pstmts;
 		while ((*pp)->next)
@@ -1330,7 +1332,7 @@ static void maybe_rewrite(struct orr *g, lk_event *ev, struct orc *x, const stru
 		if (g->route_log)
 			snprintf(d->target, sizeof(d->target), "%s", res);
 		if (type == 'P')
-			pstmt_set(x, api->query_statement(ev), orig, res);
+			pstmt_set(x, api->query_statement(ev), orig, res, a->max_param);
 	}
 	if (type == 'P')
 		free(orig);
@@ -1353,7 +1355,7 @@ static void maybe_rewrite(struct orr *g, lk_event *ev, struct orc *x, const stru
  * again (a core without query_reparse): the Bind must fail.
  */
 static bool set_text(struct orr *g, lk_event *ev, struct orc *x, struct decision *d, const char *orig,
-		     const char *want, const char *cur);
+		     const char *want, const char *cur, int max_param);
 
 static bool bind_text(struct orr *g, lk_event *ev, struct orc *x, const struct or_analysis *a,
 		      struct decision *d, const char *orig, const char *cur)
@@ -1373,21 +1375,44 @@ static bool bind_text(struct orr *g, lk_event *ev, struct orc *x, const struct o
 		if (g->route_log)
 			snprintf(d->target, sizeof(d->target), "%s", want);
 	}
-	return set_text(g, ev, x, d, orig, want, cur);
+	return set_text(g, ev, x, d, orig, want, cur, a->max_param);
+}
+
+/*
+ * Does PostgreSQL refuse this Bind for its number of values? It counts the
+ * statement's parameters as the larger of the types its Parse declared and
+ * the highest $n of its text (max_param, the same in a leaf text), and
+ * checks them first (08P01), before the statement's text is looked at
+ * again: a re-parse in front of the Bind would fail first with an error of
+ * its own (after a SET search_path, its text may name another table).
+ */
+static bool bind_miscounted(lk_event *ev, int max_param)
+{
+	int declared;
+
+	if (max_param < 0 || !LK_API_HAS(api, query_stmt_declared) || (declared = api->query_stmt_declared(ev)) < 0)
+		return false;
+	return api->query_nparams(ev) != (declared > max_param ? declared : max_param);
 }
 
 /*
  * The server's text of the Bound statement (`cur`) to `want` (the client's
- * own `orig`, or a leaf text), by parsing it again within the batch's
- * limits (bind_text). false: it cannot be, and the Bind must fail.
+ * own `orig`, whose highest $n is max_param, or a leaf text), by parsing it
+ * again within the batch's limits (bind_text). A Bind PostgreSQL refuses
+ * for its number of values goes as it is. false: the text cannot be
+ * changed, and the Bind must fail.
  */
 static bool set_text(struct orr *g, lk_event *ev, struct orc *x, struct decision *d, const char *orig,
-		     const char *want, const char *cur)
+		     const char *want, const char *cur, int max_param)
 {
 	const char *name = api->query_statement(ev);
 
 	if (strcmp(want, cur) == 0)
 		return true;
+	if (bind_miscounted(ev, max_param)) {
+		d->rewrite = "miscounted";
+		return true;
+	}
 	if (!LK_API_HAS(api, query_reparse) || api->query_reparse(ev, want) != 0) {
 		/* the server has another organization's leaf text: the Bind must not run with it */
 		d->rewrite = "failed";
@@ -1402,7 +1427,7 @@ static bool set_text(struct orr *g, lk_event *ev, struct orc *x, struct decision
 		pstmt_forget(x, name);
 	} else {
 		g->n[N_REWRITTEN]++;
-		pstmt_set(x, name, orig, want);
+		pstmt_set(x, name, orig, want, max_param);
 		result_tables(g, ev);	/* the statement's and its portal's */
 	}
 	return true;
@@ -1611,7 +1636,8 @@ static int pass_message(struct orr *g, lk_event *ev, lk_client *c, struct orc *x
 	give_affinity(g, c, x, predicted_org(x));
 	if (back || g->route_log) {
 		struct decision d = { .rewrite = "no", .prefix = "-" };
-		if (back && !set_text(g, ev, x, &d, orig, orig, sql))
+		const struct or_pstmt *p = back ? pstmt_match(x, api->query_statement(ev), sql) : NULL;
+		if (back && !set_text(g, ev, x, &d, orig, orig, sql, p ? p->max_param : -1))
 			return reparse_refused(g, ev, &d);
 		route_log(g, ev, &d, "pass");
 	}

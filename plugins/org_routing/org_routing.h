@@ -104,6 +104,7 @@ struct or_analysis {
 				 * CREATE TABLE AS): PostgreSQL's plan cache picks its plan */
 	bool reads_settings;	/* its text names current_setting, pg_settings, SHOW or
 				 * lokadb.org (or_names_settings) */
+	int max_param;		/* the highest $n of its text (0: none; -1: parse_error) */
 };
 
 /* ---- analyze.c ---- */

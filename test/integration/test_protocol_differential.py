@@ -485,7 +485,8 @@ ODD_ORGS = ("05", " 5", "2 ", "abc", None, "-2", "9999999999999999999")
 # lokadb documents and from the open findings (the regression tests below show each):
 #   documented: errors that name a statement name LOKADB_n (FINDING 5);
 #   open: FINDING 6 (a wrong number of parameters in a block that may have failed, not known yet to
-#   lokadb, or after a search_path change, also of a name whose Parse may have been skipped),
+#   lokadb, or after a re-parse that failed on a new search_path, also of a name whose Parse may have
+#   been skipped),
 #   FINDING 19 (a Describe of a named statement after a search_path change).
 #   Since FINDING 1, 7, 9, 10, 11 and 16 are fixed (a message naming a statement whose Parse
 #   or Close an earlier batch may yet skip, or sent behind a DEALLOCATE ALL or DISCARD ALL, waits for
@@ -1228,8 +1229,8 @@ def test_finding_5_errors_name_the_clients_statement(diff_db, fresh_router, mode
 
 
 F6 = ("FINDING 6: a Bind that PostgreSQL fails with 08P01 (a wrong number of parameters, checked before "
-      "anything else but the name) gets the error of what org_routing sends in front of it instead: 42703 from "
-      "the re-parse after a search_path change")
+      "anything else but the name) gets the error of what lokadb sends in front of it instead: 42703 from "
+      "the Parse the core sends again after a re-parse that failed on a new search_path")
 F5_NAMES = "FINDING 5: in transaction pooling the 08P01 names LOKADB_n"
 
 
@@ -1245,11 +1246,32 @@ F5_NAMES = "FINDING 5: in transaction pooling the 08P01 names LOKADB_n"
                               Q("BEGIN"), Q("SELECT 1/0"), R, B("s1", ["1"]), E(), S, Q("ROLLBACK"), R,
                               B("s1"), E(), S, R],
                              {"transaction"}, MODES, F5_NAMES),
-    # the re-parse after a search_path change (the documents of `other` have no title): 42703
-    # (a SET search_path is session state: session pooling only)
+    # (fixed after a search_path change: a Bind whose number of values is not the statement's goes without
+    # the re-parse, whose error would be 42703, the documents of `other` having no title; the count is the
+    # larger of the declared types and the highest $n. A SET search_path is session state: session pooling.)
     "after_a_search_path_change": ([P("s1", "SELECT count(*), max(title) FROM documents WHERE organization_id = 2"),
                                     Q("SET search_path = other, public"), B("s1", ["2"]), S, R],
-                                   {"session"}, ("session",)),
+                                   (), ("session",)),
+    "too_few_after_a_search_path_change": ([P("s1", "SELECT count(*), max(title) FROM documents "
+                                              "WHERE organization_id = $1"), B("s1", ["2"]), E(), S, R,
+                                            Q("SET search_path = other, public"), R, B("s1"), E(), S, R,
+                                            B("s1", ["5"]), E(), S, R],
+                                           (), ("session",)),
+    # a declared type counts: the Bind's one value is right, PostgreSQL analyzes the text again (42703)
+    "declared_after_a_search_path_change": ([P("s1", "SELECT count(*), max(title) FROM documents "
+                                               "WHERE organization_id = 2", [23]), S, R,
+                                             B("s1", ["7"]), E(), S, R,
+                                             Q("SET search_path = other, public"), R, B("s1", ["7"]), E(), S, R],
+                                            (), ("session",)),
+    # open: that re-parse failed (42703), so PostgreSQL's statement is gone from lokadb's server, which
+    # gets the client's text again before the next Bind, and a Bind with a wrong number of values then has
+    # that Parse's 42703, not PostgreSQL's 08P01
+    "miscounted_after_a_failed_reparse": ([P("s1", "SELECT count(*), max(title) FROM documents "
+                                             "WHERE organization_id = 2", [23]), S, R,
+                                           B("s1", ["7"]), E(), S, R,
+                                           Q("SET search_path = other, public"), R, B("s1", ["7"]), E(), S, R,
+                                           B("s1"), E(), S, R],
+                                          {"session"}, ("session",)),
 }))
 def test_finding_6_a_bind_error_in_a_failed_block_is_postgresqls(diff_db, fresh_router, mode, seq):
     check_shape(diff_db, fresh_router, mode, seq)
