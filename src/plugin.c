@@ -1019,7 +1019,7 @@ static int api_query_stmt_declared(lk_event *ev)
 	if (ev->hook != LK_HOOK_QUERY || ev->qtype != 'B' || !ev->c || !ev->stmt || !ev->bound_sql ||
 	    !(st = stmt_find(ev->c, ev->stmt)))
 		return -1;
-	return st->types_len >= 2 ? (int)((unsigned)st->types[0] << 8 | st->types[1]) : 0;
+	return st->types_len >= 2 ? (int)pkt_get_u16(st->types) : 0;
 }
 
 static int api_fail(lk_event *ev, const char *sqlstate, const char *fmt, ...)
